@@ -1,0 +1,320 @@
+package broker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inproc/broker/internal/queue"
+)
+
+// Broker is an in-process message broker. Create one with New, publish with
+// Publish, register handlers with Subscribe, and end it with Close. All
+// methods are safe for concurrent use.
+type Broker struct {
+	cfg  config
+	seed maphash.Seed
+
+	mu     sync.Mutex                        // serialises topic creation, Subscribe and the start of Close
+	topics atomic.Pointer[map[string]*topic] // copy on write under mu; read without a lock
+	closed atomic.Bool                       // set under mu by Close
+
+	abortCtx context.Context         // parent of every subscription's context
+	abort    context.CancelCauseFunc // cancels it with errShutdown
+	wg       sync.WaitGroup          // dispatchers and workers
+
+	closeDone   chan struct{} // closed when the first Close returned
+	shutdownDLs atomic.Int64  // dead letters with reason "shutdown"
+
+	dlPrefix string        // makes dead-letter IDs unique across brokers
+	dlSeq    atomic.Uint64 // dead-letter sequence
+	redrive  sync.Mutex    // one Redrive at a time, so a dead letter is redriven once
+}
+
+// New returns a running broker configured by opts. It fails with an error
+// wrapping ErrInvalidOption when an option is given a bad value.
+func New(opts ...Option) (*Broker, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("broker: new: %w", err)
+		}
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.Default()
+	}
+	if cfg.dlq == nil {
+		cfg.dlq = NewMemoryDeadLetterStore(DefaultDeadLetterCapacity, cfg.logger)
+	}
+	if !cfg.dedupSet {
+		cfg.dedup = NewMemoryIdempotencyStore(DefaultDedupWindow, DefaultDedupEntries)
+	}
+	cfg.policy = cfg.policy.normalized()
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	b := &Broker{
+		cfg:       cfg,
+		seed:      maphash.MakeSeed(),
+		closeDone: make(chan struct{}),
+		dlPrefix:  "dl-" + hex.EncodeToString(rnd[:]) + "-",
+	}
+	b.abortCtx, b.abort = context.WithCancelCause(context.Background())
+	b.topics.Store(&map[string]*topic{})
+	return b, nil
+}
+
+// Publish validates msg, stamps PublishedAt and puts it into its topic's
+// queue; it returns once the message is queued ("published" never means
+// "handled"), and runs no handler.
+//
+// It returns an error wrapping ErrInvalidMessage for a message without ID or
+// Topic, ErrClosed after Close, and, when the queue stays full for the
+// publish timeout, an error wrapping ErrQueueFull (at once with a timeout of
+// 0). If ctx ends while Publish waits for room, it returns an error wrapping
+// ctx's error. A nil ctx counts as context.Background().
+func (b *Broker) Publish(ctx context.Context, msg Message) error {
+	if err := msg.validate(); err != nil {
+		return err
+	}
+	t, err := b.topic(msg.Topic)
+	if err != nil {
+		return err
+	}
+	msg.Attempt = 0
+	msg.PublishedAt = time.Now()
+	err = t.q.TryPush(msg)
+	if err == queue.ErrFull && b.cfg.publishTimeout > 0 {
+		err = pushWait(t.q, msg, ctx, b.cfg.publishTimeout)
+	}
+	switch err {
+	case nil:
+		t.c.published.Add(1)
+		if b.cfg.obs != nil {
+			b.cfg.obs.Published(PublishEvent{Topic: msg.Topic, MessageID: msg.ID, PublishedAt: msg.PublishedAt})
+		}
+		return nil
+	case queue.ErrClosed:
+		return ErrClosed
+	}
+	if err == queue.ErrStopped {
+		err = fmt.Errorf("broker: publish %q to %q: %w", msg.ID, msg.Topic, ctx.Err())
+	} else {
+		err = fmt.Errorf("%w: publish %q to %q: topic queue of %d stayed full for %v",
+			ErrQueueFull, msg.ID, msg.Topic, t.q.Cap(), b.cfg.publishTimeout)
+	}
+	t.c.rejected.Add(1)
+	if b.cfg.obs != nil {
+		b.cfg.obs.Rejected(RejectEvent{Topic: msg.Topic, MessageID: msg.ID, Err: err})
+	}
+	if b.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
+		b.cfg.logger.LogAttrs(context.Background(), slog.LevelDebug, "broker: publish rejected",
+			slog.String("topic", msg.Topic), slog.String("message_id", msg.ID), slog.String("error", err.Error()))
+	}
+	return err
+}
+
+// pushWait waits for room in q for at most timeout, or until ctx ends.
+func pushWait[T any](q *queue.Queue[T], v T, ctx context.Context, timeout time.Duration) error {
+	var cancel <-chan struct{}
+	if ctx != nil {
+		cancel = ctx.Done()
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	return q.PushWait(v, cancel, nil, timer.C)
+}
+
+// topic returns the named topic, creating it (and its dispatcher) on first
+// use. It fails with ErrClosed after Close.
+func (b *Broker) topic(name string) (*topic, error) {
+	if b.closed.Load() {
+		return nil, ErrClosed
+	}
+	if t := (*b.topics.Load())[name]; t != nil {
+		return t, nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return nil, ErrClosed
+	}
+	return b.topicLocked(name), nil
+}
+
+// topicLocked is topic with b.mu held and the broker open.
+func (b *Broker) topicLocked(name string) *topic {
+	old := *b.topics.Load()
+	if t := old[name]; t != nil {
+		return t
+	}
+	t := newTopic(b, name)
+	m := make(map[string]*topic, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[name] = t
+	b.topics.Store(&m)
+	b.wg.Add(1)
+	go t.dispatch()
+	return t
+}
+
+// Close shuts the broker down without losing a message. It refuses new
+// publishes (ErrClosed), then delivers everything queued, retries included,
+// until ctx ends. If ctx ends first, it cancels the running handlers'
+// contexts, waits for them to return, and puts every unfinished message into
+// the dead-letter store with reason "shutdown"; it then returns a
+// *DrainError saying how many (it unwraps to ctx's error). When Close
+// returns, every goroutine of the broker has ended and no handler runs.
+//
+// A handler that ignores its context holds Close up. Calling Close again is
+// safe: it waits for the first call to finish (or ctx to end) and returns
+// nil.
+func (b *Broker) Close(ctx context.Context) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	b.mu.Lock()
+	first := !b.closed.Swap(true)
+	topics := *b.topics.Load()
+	b.mu.Unlock()
+	if !first {
+		select {
+		case <-b.closeDone:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	for _, t := range topics {
+		t.q.Close()
+	}
+	drained := make(chan struct{})
+	go func() { // ends when every dispatcher and worker has
+		b.wg.Wait()
+		close(drained)
+	}()
+	select {
+	case <-drained:
+	case <-ctx.Done():
+		b.abort(errShutdown)
+		<-drained
+	}
+	b.abort(errShutdown) // release the context's resources
+	defer close(b.closeDone)
+	if n := b.shutdownDLs.Load(); n > 0 {
+		return &DrainError{Reason: ReasonShutdown, DeadLettered: int(n), Err: ctx.Err()}
+	}
+	return nil
+}
+
+// DeadLetters returns the dead-letter store, to list, inspect and delete
+// dead letters. Use Redrive to send them back.
+func (b *Broker) DeadLetters() DeadLetterStore { return b.cfg.dlq }
+
+// Redrive sends each dead letter back to the one subscriber that failed it,
+// starting again at attempt 1 under that subscriber's current policy and
+// bypassing deduplication (a dead letter was never delivered there). A dead
+// letter leaves the store once its message is accepted into the
+// subscriber's lane, waiting for room as Publish does.
+//
+// It returns how many were accepted, and the joined errors of the rest: an
+// unknown ID wraps ErrDeadLetterNotFound, a subscriber no longer subscribed
+// wraps ErrSubscriberNotFound, a lane that stayed full wraps ErrQueueFull,
+// and after Close every ID fails with ErrClosed.
+func (b *Broker) Redrive(ctx context.Context, ids ...string) (int, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	b.redrive.Lock()
+	defer b.redrive.Unlock()
+	var errs []error
+	n := 0
+	for _, id := range ids {
+		if err := b.redriveOne(ctx, id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+func (b *Broker) redriveOne(ctx context.Context, id string) error {
+	if b.closed.Load() {
+		return fmt.Errorf("redrive %q: %w", id, ErrClosed)
+	}
+	dl, ok, err := b.cfg.dlq.Get(ctx, id)
+	if err != nil {
+		return fmt.Errorf("broker: redrive %q: get: %w", id, err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrDeadLetterNotFound, id)
+	}
+	s := b.subscription(dl.Message.Topic, dl.Subscriber)
+	if s == nil {
+		return fmt.Errorf("%w: redrive %q: %q on topic %q", ErrSubscriberNotFound, id, dl.Subscriber, dl.Message.Topic)
+	}
+	env := envelope{msg: dl.Message, redrive: true}
+	env.msg.Attempt = 0
+	timer := time.NewTimer(b.cfg.publishTimeout)
+	defer timer.Stop()
+	switch err := s.route(&env, ctx.Done(), timer.C); err {
+	case nil:
+	case queue.ErrClosed:
+		if b.closed.Load() {
+			return fmt.Errorf("redrive %q: %w", id, ErrClosed)
+		}
+		return fmt.Errorf("%w: redrive %q: %q on topic %q is unsubscribing", ErrSubscriberNotFound, id, dl.Subscriber, dl.Message.Topic)
+	case queue.ErrStopped:
+		return fmt.Errorf("broker: redrive %q: %w", id, ctx.Err())
+	default:
+		return fmt.Errorf("%w: redrive %q: lane of %q on topic %q stayed full", ErrQueueFull, id, dl.Subscriber, dl.Message.Topic)
+	}
+	if err := b.cfg.dlq.Delete(context.WithoutCancel(ctx), id); err != nil {
+		b.cfg.logger.LogAttrs(ctx, slog.LevelError, "broker: redriven dead letter not deleted; it may be redriven twice",
+			slog.String("dead_letter_id", id), slog.String("error", err.Error()))
+	}
+	return nil
+}
+
+// subscription returns the active subscriber name on topicName, or nil.
+func (b *Broker) subscription(topicName, name string) *Subscription {
+	t := (*b.topics.Load())[topicName]
+	if t == nil {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.active[name]
+}
+
+func (b *Broker) newDeadLetterID() string {
+	return b.dlPrefix + strconv.FormatUint(b.dlSeq.Add(1), 10)
+}
+
+// Stats returns a snapshot of every topic's and subscriber's counters and
+// queues. It takes no lock that Publish or delivery take.
+func (b *Broker) Stats() Stats {
+	now := time.Now()
+	topics := *b.topics.Load()
+	st := Stats{Topics: make(map[string]TopicStats, len(topics))}
+	if e, ok := b.cfg.dlq.(interface{ Evicted() uint64 }); ok {
+		st.DeadLetterEvicted = e.Evicted()
+	}
+	for name, t := range topics {
+		st.Topics[name] = t.stats(now)
+	}
+	return st
+}

@@ -1,0 +1,187 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// This file is the delivery pipeline for one message at one subscriber:
+// dedup check → attempt (handler with deadline and panic recovery) →
+// classify → retry or dead-letter → record. It does not know about queues,
+// lanes or goroutines: the in-memory transport (subscription.go) calls
+// deliver from a worker, and a transport that redelivers by itself could
+// call attempt once per delivery and act on its step.
+
+// pipeline holds everything needed to deliver to one subscriber.
+type pipeline struct {
+	topic, subscriber string
+	handler           Handler
+	timeout           time.Duration // per-attempt deadline; 0 = none
+	policy            RetryPolicy   // normalized
+	dedup             IdempotencyStore
+	guard             *idGuard // nil unless two workers could hold the same ID at once
+	rec               recorder
+	log               *slog.Logger
+}
+
+// envelope is a message on its way to one subscriber.
+type envelope struct {
+	msg     Message
+	redrive bool // from Redrive: skip the dedup check
+}
+
+// step is what follows one attempt.
+type step struct {
+	outcome   Outcome       // OutcomeDelivered, OutcomeRetry or OutcomeDeadLettered
+	delay     time.Duration // before the retry
+	code      string        // error code; empty when delivered
+	retryable bool          // the policy allows retries for code
+	reason    string        // dead-letter reason
+	err       error         // the handler's error
+	took      time.Duration // handler run time
+}
+
+// deliver takes env to a final state — delivered, deduplicated or
+// dead-lettered — retrying in place (holding the worker) as the policy
+// says. ctx is cancelled, with errShutdown or errUnsubscribed as its cause,
+// when the subscription must stop at once; then the message is
+// dead-lettered with that reason instead of being retried.
+func (p *pipeline) deliver(ctx context.Context, env *envelope) {
+	msg := &env.msg
+	if ctx.Err() != nil {
+		p.rec.deadLetter(msg, 0, abortCode(ctx), false, abortReason(ctx), context.Cause(ctx))
+		return
+	}
+	if p.guard != nil {
+		p.guard.acquire(msg.ID)
+		defer p.guard.release(msg.ID)
+	}
+	key := DeliveryKey{Topic: p.topic, Subscriber: p.subscriber, MessageID: msg.ID}
+	if p.dedup != nil && !env.redrive {
+		seen, err := p.dedup.Seen(ctx, key)
+		if err != nil {
+			p.log.LogAttrs(ctx, slog.LevelError, "broker: idempotency store Seen failed; delivering anyway",
+				slog.String("topic", p.topic), slog.String("message_id", msg.ID),
+				slog.String("subscriber", p.subscriber), slog.String("error", err.Error()))
+		}
+		if seen {
+			p.rec.deduplicated(msg)
+			return
+		}
+	}
+	for msg.Attempt = 1; ; msg.Attempt++ {
+		s := p.attempt(ctx, msg)
+		switch s.outcome {
+		case OutcomeDelivered:
+			if p.dedup != nil {
+				if err := p.dedup.Record(context.Background(), key); err != nil {
+					p.log.LogAttrs(ctx, slog.LevelError, "broker: idempotency store Record failed",
+						slog.String("topic", p.topic), slog.String("message_id", msg.ID),
+						slog.String("subscriber", p.subscriber), slog.String("error", err.Error()))
+				}
+			}
+			p.rec.delivered(msg, s.took)
+			return
+		case OutcomeDeadLettered:
+			p.rec.deadLetter(msg, s.took, s.code, s.retryable, s.reason, s.err)
+			return
+		}
+		p.rec.retrying(msg, s.took, s.code, s.delay, s.err)
+		if !sleep(ctx, s.delay) {
+			p.rec.deadLetter(msg, 0, s.code, s.retryable, abortReason(ctx), s.err)
+			return
+		}
+	}
+}
+
+// attempt runs the handler once for msg (msg.Attempt set) and decides what
+// follows. It counts the attempt and nothing else.
+func (p *pipeline) attempt(ctx context.Context, msg *Message) step {
+	start := time.Now()
+	err, timedOut := p.call(ctx, *msg)
+	s := step{took: time.Since(start), err: err}
+	p.rec.c.attempts.Add(1)
+	if err == nil {
+		s.outcome = OutcomeDelivered
+		return s
+	}
+	f := classify(err, timedOut)
+	v := p.policy.decide(f, msg.Attempt)
+	s.code, s.retryable = f.code, v.retryable
+	switch {
+	case ctx.Err() != nil: // stopped while running: not retried
+		s.outcome, s.reason = OutcomeDeadLettered, abortReason(ctx)
+	case v.retry:
+		s.outcome, s.delay = OutcomeRetry, v.delay
+	case v.retryable:
+		s.outcome, s.reason = OutcomeDeadLettered, ReasonExhausted
+	default:
+		s.outcome, s.reason = OutcomeDeadLettered, ReasonPermanent
+	}
+	return s
+}
+
+// call runs the handler with the per-attempt deadline, turning a panic into
+// a *PanicError. timedOut reports that the deadline had passed when the
+// handler returned an error.
+func (p *pipeline) call(ctx context.Context, msg Message) (err error, timedOut bool) {
+	if p.timeout <= 0 {
+		return p.safeCall(ctx, msg), false
+	}
+	hctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	err = p.safeCall(hctx, msg)
+	if err != nil && ctx.Err() == nil {
+		deadline, _ := hctx.Deadline()
+		timedOut = errors.Is(hctx.Err(), context.DeadlineExceeded) || !time.Now().Before(deadline)
+	}
+	return err, timedOut
+}
+
+func (p *pipeline) safeCall(ctx context.Context, msg Message) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = newPanicError(v)
+		}
+	}()
+	return p.handler(ctx, msg)
+}
+
+// sleep waits d, or until ctx ends (false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Causes of a subscription's context being cancelled.
+var (
+	errShutdown     = errors.New("broker: closed before the message was finished")
+	errUnsubscribed = errors.New("broker: unsubscribed before the message was finished")
+)
+
+// abortReason is the dead-letter reason for a message cut off by ctx.
+func abortReason(ctx context.Context) string {
+	if context.Cause(ctx) == errUnsubscribed {
+		return ReasonUnsubscribed
+	}
+	return ReasonShutdown
+}
+
+// abortCode is the error code of a message cut off before any attempt.
+func abortCode(ctx context.Context) string {
+	if context.Cause(ctx) == errUnsubscribed {
+		return CodeUnsubscribed
+	}
+	return CodeShutdown
+}

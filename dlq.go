@@ -1,0 +1,235 @@
+package broker
+
+import (
+	"container/list"
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Reasons a message was dead-lettered (DeadLetter.Reason).
+const (
+	ReasonExhausted    = "exhausted"    // every allowed attempt failed with a retryable error
+	ReasonPermanent    = "permanent"    // the error was not retryable under the policy
+	ReasonShutdown     = "shutdown"     // Close's context ended before the message was finished
+	ReasonUnsubscribed = "unsubscribed" // Unsubscribe's context ended before the message was finished
+)
+
+// DefaultDeadLetterCapacity is how many dead letters the default in-memory
+// store keeps before it evicts the oldest.
+const DefaultDeadLetterCapacity = 10_000
+
+// DeadLetter is a message that failed at one subscriber, with everything
+// needed to diagnose and redrive it.
+type DeadLetter struct {
+	// ID identifies this dead letter; one message can fail at several
+	// subscribers and so have several dead letters.
+	ID string
+	// Message is the message as last delivered: Message.Attempt is the last
+	// attempt (0 if it was never attempted).
+	Message Message
+	// Subscriber is the name of the subscriber that failed it, on
+	// Message.Topic.
+	Subscriber string
+	// Attempts is how many attempts were made in the dispatch that failed.
+	Attempts int
+	// ErrorCode is the code of the last error (see the Code constants).
+	ErrorCode string
+	// Error is the text of the last error.
+	Error string
+	// Retryable reports whether the policy allowed retries for the last
+	// error's code.
+	Retryable bool
+	// Reason is one of ReasonExhausted, ReasonPermanent, ReasonShutdown,
+	// ReasonUnsubscribed.
+	Reason string
+	// FailedAt is when the message was dead-lettered.
+	FailedAt time.Time
+}
+
+// DeadLetterFilter selects dead letters in List. Empty fields match
+// everything; Limit 0 means no limit.
+type DeadLetterFilter struct {
+	Topic, Subscriber, ErrorCode string
+	Limit                        int
+}
+
+// Match reports whether dl satisfies the filter's Topic, Subscriber and
+// ErrorCode (Limit is the store's business).
+func (f DeadLetterFilter) Match(dl DeadLetter) bool {
+	return (f.Topic == "" || f.Topic == dl.Message.Topic) &&
+		(f.Subscriber == "" || f.Subscriber == dl.Subscriber) &&
+		(f.ErrorCode == "" || f.ErrorCode == dl.ErrorCode)
+}
+
+// Validate reports a malformed filter (a negative Limit), wrapping
+// ErrInvalidOption.
+func (f DeadLetterFilter) Validate() error {
+	if f.Limit < 0 {
+		return fmt.Errorf("%w: dead-letter filter Limit %d < 0", ErrInvalidOption, f.Limit)
+	}
+	return nil
+}
+
+// DeadLetterStore keeps dead letters. Implementations must be safe for
+// concurrent use; they may live outside this package (a database, Redis).
+// The broker calls Put from delivery goroutines with a context that is
+// never cancelled by shutdown, so a slow Put slows that subscriber.
+type DeadLetterStore interface {
+	// Put stores dl; a dl with an ID already stored replaces it.
+	Put(ctx context.Context, dl DeadLetter) error
+	// List returns the dead letters matching f, oldest first, at most
+	// f.Limit of them when f.Limit > 0.
+	List(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error)
+	// Get returns the dead letter with the given ID, and whether it exists.
+	Get(ctx context.Context, id string) (DeadLetter, bool, error)
+	// Delete removes the dead letters with the given IDs; unknown IDs are
+	// ignored.
+	Delete(ctx context.Context, ids ...string) error
+	// Len returns how many dead letters are stored.
+	Len(ctx context.Context) (int, error)
+}
+
+// MemoryDeadLetterStore is the default DeadLetterStore: bounded, in memory,
+// oldest first. When full, Put evicts the oldest dead letter, logs it at
+// Warn level and counts it (Evicted). It is safe for concurrent use.
+type MemoryDeadLetterStore struct {
+	capacity int
+	logger   *slog.Logger
+	evicted  atomic.Uint64
+
+	mu    sync.Mutex               // guards order and byID
+	order *list.List               // of DeadLetter, oldest at the front
+	byID  map[string]*list.Element // ID → element of order
+}
+
+var _ DeadLetterStore = (*MemoryDeadLetterStore)(nil)
+
+// NewMemoryDeadLetterStore returns a store that holds at most capacity dead
+// letters (DefaultDeadLetterCapacity if capacity <= 0) and logs evictions to
+// logger (nowhere if nil).
+func NewMemoryDeadLetterStore(capacity int, logger *slog.Logger) *MemoryDeadLetterStore {
+	if capacity <= 0 {
+		capacity = DefaultDeadLetterCapacity
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &MemoryDeadLetterStore{
+		capacity: capacity,
+		logger:   logger,
+		order:    list.New(),
+		byID:     make(map[string]*list.Element),
+	}
+}
+
+// Put stores dl, evicting the oldest dead letter if the store is full.
+func (s *MemoryDeadLetterStore) Put(ctx context.Context, dl DeadLetter) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl.ID == "" {
+		return fmt.Errorf("%w: dead letter without ID", ErrInvalidOption)
+	}
+	var victim DeadLetter
+	evicted := false
+	s.mu.Lock()
+	if e, ok := s.byID[dl.ID]; ok {
+		e.Value = dl
+		s.order.MoveToBack(e)
+	} else {
+		if s.order.Len() >= s.capacity {
+			front := s.order.Front()
+			victim = s.order.Remove(front).(DeadLetter)
+			delete(s.byID, victim.ID)
+			evicted = true
+		}
+		s.byID[dl.ID] = s.order.PushBack(dl)
+	}
+	s.mu.Unlock()
+	if evicted {
+		n := s.evicted.Add(1)
+		s.logger.LogAttrs(ctx, slog.LevelWarn, "broker: dead-letter store full, evicted oldest",
+			slog.String("dead_letter_id", victim.ID),
+			slog.String("topic", victim.Message.Topic),
+			slog.String("message_id", victim.Message.ID),
+			slog.String("subscriber", victim.Subscriber),
+			slog.String("error_code", victim.ErrorCode),
+			slog.Int("capacity", s.capacity),
+			slog.Uint64("evicted_total", n))
+	}
+	return nil
+}
+
+// List returns the matching dead letters, oldest first.
+func (s *MemoryDeadLetterStore) List(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []DeadLetter
+	for e := s.order.Front(); e != nil; e = e.Next() {
+		dl := e.Value.(DeadLetter)
+		if !f.Match(dl) {
+			continue
+		}
+		out = append(out, dl)
+		if f.Limit > 0 && len(out) == f.Limit {
+			break
+		}
+	}
+	return out, nil
+}
+
+// Get returns the dead letter with the given ID.
+func (s *MemoryDeadLetterStore) Get(ctx context.Context, id string) (DeadLetter, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return DeadLetter{}, false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.byID[id]
+	if !ok {
+		return DeadLetter{}, false, nil
+	}
+	return e.Value.(DeadLetter), true, nil
+}
+
+// Delete removes the given IDs; unknown IDs are ignored.
+func (s *MemoryDeadLetterStore) Delete(ctx context.Context, ids ...string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if e, ok := s.byID[id]; ok {
+			s.order.Remove(e)
+			delete(s.byID, id)
+		}
+	}
+	return nil
+}
+
+// Len returns how many dead letters are stored.
+func (s *MemoryDeadLetterStore) Len(ctx context.Context) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.order.Len(), nil
+}
+
+// Capacity returns the most dead letters the store holds.
+func (s *MemoryDeadLetterStore) Capacity() int { return s.capacity }
+
+// Evicted returns how many dead letters were evicted to make room.
+func (s *MemoryDeadLetterStore) Evicted() uint64 { return s.evicted.Load() }

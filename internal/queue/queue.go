@@ -1,0 +1,248 @@
+// Package queue provides the bounded FIFO used for topic queues and
+// subscriber lanes: many producers, one consumer, a bounded wait for room,
+// and a close that refuses new items while the consumer drains the rest.
+//
+// It is a ring buffer under a mutex rather than a channel because the broker
+// needs what a channel cannot give: the oldest waiting item (for its age in
+// Stats), peeking without removing (so an item counts as queued until it has
+// been routed), and closing the producer side without a send-on-closed panic.
+package queue
+
+import (
+	"errors"
+	"sync"
+	"time"
+)
+
+var (
+	// ErrFull is returned by TryPush when the queue has no room.
+	ErrFull = errors.New("queue: full")
+	// ErrClosed is returned by pushes after Close.
+	ErrClosed = errors.New("queue: closed")
+	// ErrStopped is returned by PushWait when its stop channel closed first.
+	ErrStopped = errors.New("queue: wait stopped")
+	// ErrTimeout is returned by PushWait when its deadline channel fired first.
+	ErrTimeout = errors.New("queue: wait timed out")
+)
+
+// minAlloc is the ring size a queue starts with; it doubles up to its
+// capacity, so idle queues with a large bound cost little memory.
+const minAlloc = 16
+
+// Queue is a bounded FIFO. Any number of goroutines may push; exactly one
+// goroutine (the owner) may consume with Peek, Advance, Pop and Wait.
+// Len, Cap, Head and Close are safe from any goroutine.
+type Queue[T any] struct {
+	mu       sync.Mutex // guards every field below
+	buf      []T        // ring; len(buf) grows by doubling up to limit
+	head     int        // index of the oldest item
+	n        int        // number of items
+	limit    int        // capacity
+	closed   bool       // no more pushes
+	sleeping bool       // the consumer waits on ready
+	ready    chan struct{}
+	room     chan struct{} // closed (and cleared) when room appears; nil while no producer waits
+}
+
+// New returns an empty queue that holds at most capacity items (at least 1).
+func New[T any](capacity int) *Queue[T] {
+	if capacity < 1 {
+		capacity = 1
+	}
+	return &Queue[T]{
+		buf:   make([]T, min(capacity, minAlloc)),
+		limit: capacity,
+		ready: make(chan struct{}, 1),
+	}
+}
+
+// TryPush appends v if there is room, without waiting.
+// It returns ErrFull or ErrClosed otherwise.
+func (q *Queue[T]) TryPush(v T) error {
+	q.mu.Lock()
+	err := q.pushLocked(v)
+	wake := err == nil && q.sleeping
+	if wake {
+		q.sleeping = false
+	}
+	q.mu.Unlock()
+	if wake {
+		q.wake()
+	}
+	return err
+}
+
+// PushWait appends v, waiting for room until stop1 or stop2 is closed
+// (ErrStopped), deadline fires (ErrTimeout) or the queue is closed
+// (ErrClosed). Any channel may be nil to wait without that bound.
+func (q *Queue[T]) PushWait(v T, stop1, stop2 <-chan struct{}, deadline <-chan time.Time) error {
+	for {
+		q.mu.Lock()
+		err := q.pushLocked(v)
+		if err != ErrFull {
+			wake := err == nil && q.sleeping
+			if wake {
+				q.sleeping = false
+			}
+			q.mu.Unlock()
+			if wake {
+				q.wake()
+			}
+			return err
+		}
+		if q.room == nil {
+			q.room = make(chan struct{})
+		}
+		room := q.room
+		q.mu.Unlock()
+		select {
+		case <-room:
+		case <-stop1:
+			return ErrStopped
+		case <-stop2:
+			return ErrStopped
+		case <-deadline:
+			return ErrTimeout
+		}
+	}
+}
+
+func (q *Queue[T]) pushLocked(v T) error {
+	if q.closed {
+		return ErrClosed
+	}
+	if q.n == q.limit {
+		return ErrFull
+	}
+	if q.n == len(q.buf) {
+		q.grow()
+	}
+	q.buf[(q.head+q.n)%len(q.buf)] = v
+	q.n++
+	return nil
+}
+
+// grow doubles the ring (up to limit), unrolling it so head is 0.
+func (q *Queue[T]) grow() {
+	nb := make([]T, min(len(q.buf)*2, q.limit))
+	k := copy(nb, q.buf[q.head:])
+	copy(nb[k:], q.buf[:q.head])
+	q.buf = nb
+	q.head = 0
+}
+
+func (q *Queue[T]) wake() {
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// Wait blocks the consumer until the queue holds an item (true), or it is
+// closed and empty, or stop is closed (false).
+func (q *Queue[T]) Wait(stop <-chan struct{}) bool {
+	for {
+		q.mu.Lock()
+		if q.n > 0 {
+			q.mu.Unlock()
+			return true
+		}
+		if q.closed {
+			q.mu.Unlock()
+			return false
+		}
+		q.sleeping = true
+		q.mu.Unlock()
+		select {
+		case <-q.ready:
+		case <-stop:
+			q.mu.Lock()
+			q.sleeping = false
+			q.mu.Unlock()
+			return false
+		}
+	}
+}
+
+// Peek returns the oldest item without removing it; ok is false when empty.
+// Only the consumer may call it. The item stays queued (counted by Len)
+// until Advance.
+func (q *Queue[T]) Peek() (v T, ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.n == 0 {
+		return v, false
+	}
+	return q.buf[q.head], true
+}
+
+// Advance removes the oldest item. Only the consumer may call it, after a
+// successful Peek.
+func (q *Queue[T]) Advance() {
+	q.mu.Lock()
+	q.removeLocked()
+	q.mu.Unlock()
+}
+
+// Pop removes and returns the oldest item; ok is false when empty.
+func (q *Queue[T]) Pop() (v T, ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.n == 0 {
+		return v, false
+	}
+	v = q.buf[q.head]
+	q.removeLocked()
+	return v, true
+}
+
+func (q *Queue[T]) removeLocked() {
+	if q.n == 0 {
+		return
+	}
+	var zero T
+	q.buf[q.head] = zero // drop references for the garbage collector
+	q.head = (q.head + 1) % len(q.buf)
+	q.n--
+	if q.room != nil {
+		close(q.room)
+		q.room = nil
+	}
+}
+
+// Close refuses further pushes and wakes every waiting producer (ErrClosed)
+// and the consumer. Items already queued stay for the consumer to drain.
+// Close is idempotent.
+func (q *Queue[T]) Close() {
+	q.mu.Lock()
+	if !q.closed {
+		q.closed = true
+		if q.room != nil {
+			close(q.room)
+			q.room = nil
+		}
+		q.sleeping = false
+	}
+	q.mu.Unlock()
+	q.wake()
+}
+
+// Len returns the number of queued items.
+func (q *Queue[T]) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n
+}
+
+// Cap returns the queue's capacity.
+func (q *Queue[T]) Cap() int { return q.limit }
+
+// Head returns a copy of the oldest item and the queue length, under one lock.
+func (q *Queue[T]) Head() (v T, n int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.n > 0 {
+		v = q.buf[q.head]
+	}
+	return v, q.n
+}

@@ -1,0 +1,59 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Message is the unit the broker carries. Publish copies the struct, but
+// Payload and Headers are shared, not copied: do not modify them after
+// Publish, and treat them as read-only in handlers (every subscriber sees the
+// same backing data).
+type Message struct {
+	// ID identifies the message and is its idempotency key: a subscriber that
+	// has delivered an ID is not handed it again within the dedup window.
+	// Required.
+	ID string
+	// Topic routes the message. Required.
+	Topic string
+	// Key is an optional ordering key. Messages with the same Key reach the
+	// same worker of a subscriber, in publish order; without a Key the ID is
+	// used.
+	Key string
+	// Payload is the body, passed through untouched.
+	Payload []byte
+	// Headers carry metadata such as W3C trace context; passed through
+	// untouched.
+	Headers map[string]string
+	// Attempt is set by the broker on each delivery: 1 for the first.
+	Attempt int
+	// PublishedAt is set by Publish to the time the message was accepted.
+	PublishedAt time.Time
+}
+
+// Handler processes one delivery of a message. It reports failure only by
+// returning an error (see the package doc for how errors are classified);
+// a panic is recovered and treated as a *PanicError. Delivery is at least
+// once, so a handler must be idempotent. It should return promptly when ctx
+// is cancelled.
+type Handler func(ctx context.Context, msg Message) error
+
+// validate reports why msg cannot be published, wrapping ErrInvalidMessage.
+func (m *Message) validate() error {
+	switch {
+	case m.ID == "":
+		return fmt.Errorf("%w: empty ID (topic %q)", ErrInvalidMessage, m.Topic)
+	case m.Topic == "":
+		return fmt.Errorf("%w: empty Topic (id %q)", ErrInvalidMessage, m.ID)
+	}
+	return nil
+}
+
+// orderingKey is what picks a subscriber's worker: Key, or ID without one.
+func (m *Message) orderingKey() string {
+	if m.Key != "" {
+		return m.Key
+	}
+	return m.ID
+}

@@ -1,0 +1,313 @@
+package broker
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+)
+
+// Stats is a snapshot of the broker's counters and queues, by topic. Take it
+// with Broker.Stats; it shares nothing with the broker.
+type Stats struct {
+	Topics map[string]TopicStats
+	// DeadLetterEvicted is how many dead letters the store evicted to make
+	// room (0 if the store does not count evictions).
+	DeadLetterEvicted uint64
+}
+
+// TopicStats describes one topic: its queue, what was published to it, and
+// each subscriber (active or not) that ever subscribed to it.
+type TopicStats struct {
+	Published uint64 // messages accepted into the topic queue
+	Rejected  uint64 // publishes refused because the queue stayed full (ErrQueueFull, or ctx ended while waiting)
+	Unrouted  uint64 // messages dispatched while the topic had no subscriber
+	Queued    int    // messages waiting in the topic queue
+	Capacity  int    // topic queue capacity
+	// OldestAge is how long the oldest message in the topic queue has been
+	// waiting since it was published (0 when the queue is empty).
+	OldestAge   time.Duration
+	Subscribers map[string]SubscriberStats // by subscriber name
+}
+
+// SubscriberStats describes one subscriber of a topic. Counters are kept per
+// topic and name across Unsubscribe and a later Subscribe of the same name.
+// At any quiet moment:
+//
+//	Routed == Delivered + Deduplicated + DeadLettered + Queued + InFlight
+type SubscriberStats struct {
+	Active      bool // subscribed now
+	Concurrency int  // workers (0 when not active)
+	Queued      int  // messages waiting in the subscriber's lane
+	InFlight    int  // messages taken from the lane and not finished (running, or waiting to retry)
+	Capacity    int  // lane capacity (0 when not active)
+	// OldestAge is how long the oldest message waiting in the lane has been
+	// waiting since it was published (0 when the lane is empty).
+	OldestAge time.Duration
+
+	Routed       uint64 // messages handed to this subscriber (dispatches, redrives included)
+	Delivered    uint64 // messages whose handler returned nil
+	Attempts     uint64 // handler calls
+	Retries      uint64 // attempts that were followed by a retry
+	DeadLettered uint64 // messages put into the dead-letter store
+	Deduplicated uint64 // messages skipped because their ID was already delivered
+	// DeadLetterErrors counts dead letters the store refused (Put returned an
+	// error). They are counted in DeadLettered too, and logged with every
+	// field, but are not in the store.
+	DeadLetterErrors uint64
+}
+
+// Backlog is the subscriber's unfinished work: Queued + InFlight.
+func (s SubscriberStats) Backlog() int { return s.Queued + s.InFlight }
+
+// RetryRate is Retries / Attempts (0 before any attempt).
+func (s SubscriberStats) RetryRate() float64 { return ratio(s.Retries, s.Attempts) }
+
+// FailureRate is the share of finished messages that were dead-lettered.
+func (s SubscriberStats) FailureRate() float64 {
+	return ratio(s.DeadLettered, s.Delivered+s.Deduplicated+s.DeadLettered)
+}
+
+// Backlog is the topic's unfinished work: its queue plus every subscriber's
+// Backlog (a message waiting for two subscribers counts twice).
+func (t TopicStats) Backlog() int {
+	n := t.Queued
+	for _, s := range t.Subscribers {
+		n += s.Backlog()
+	}
+	return n
+}
+
+func ratio(a, b uint64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func age(now, since time.Time, n int) time.Duration {
+	if n == 0 || since.IsZero() {
+		return 0
+	}
+	return max(now.Sub(since), 0)
+}
+
+// Outcome is what follows an attempt (AttemptEvent.Outcome), or how a
+// message ended at a subscriber (the final_state log field).
+type Outcome string
+
+// Outcomes.
+const (
+	OutcomeDelivered    Outcome = "delivered"     // the handler returned nil
+	OutcomeRetry        Outcome = "retry"         // the attempt failed and will be retried
+	OutcomeDeadLettered Outcome = "dead_lettered" // the message went to the dead-letter store
+	OutcomeDeduplicated Outcome = "deduplicated"  // the ID was already delivered; the handler did not run
+)
+
+// Observer receives the broker's events, for metrics or tracing adapters
+// that live outside this package. Hooks are called synchronously on the
+// publish and delivery paths: they must be safe for concurrent use, must not
+// block and must not panic. Embed NopObserver to implement only some hooks.
+type Observer interface {
+	// Published is called when Publish accepted a message.
+	Published(PublishEvent)
+	// Rejected is called when Publish refused a message because the queue
+	// stayed full or ctx ended while waiting.
+	Rejected(RejectEvent)
+	// Unrouted is called when a message was dispatched to a topic with no
+	// subscriber.
+	Unrouted(UnroutedEvent)
+	// Attempted is called after each handler attempt, and once for a
+	// deduplicated message (Attempt 0).
+	Attempted(AttemptEvent)
+	// DeadLettered is called after a dead letter was put into the store.
+	DeadLettered(DeadLetterEvent)
+}
+
+// NopObserver ignores every event; it is the default Observer and can be
+// embedded to implement only some hooks.
+type NopObserver struct{}
+
+var _ Observer = NopObserver{}
+
+func (NopObserver) Published(PublishEvent)       {}
+func (NopObserver) Rejected(RejectEvent)         {}
+func (NopObserver) Unrouted(UnroutedEvent)       {}
+func (NopObserver) Attempted(AttemptEvent)       {}
+func (NopObserver) DeadLettered(DeadLetterEvent) {}
+
+// PublishEvent describes an accepted message.
+type PublishEvent struct {
+	Topic, MessageID string
+	PublishedAt      time.Time
+}
+
+// RejectEvent describes a refused publish.
+type RejectEvent struct {
+	Topic, MessageID string
+	Err              error // wraps ErrQueueFull, or is the context's error
+}
+
+// UnroutedEvent describes a message that reached no subscriber.
+type UnroutedEvent struct {
+	Topic, MessageID string
+}
+
+// AttemptEvent describes one handler attempt.
+type AttemptEvent struct {
+	Topic, Subscriber, MessageID string
+	Attempt                      int           // 1 for the first; 0 for a deduplicated message
+	Duration                     time.Duration // handler run time
+	ErrorCode                    string        // empty on success
+	Retryable                    bool          // the policy allows retries for ErrorCode
+	Outcome                      Outcome       // what follows
+	Delay                        time.Duration // wait before the retry (Outcome == OutcomeRetry)
+	PublishedAt                  time.Time     // for end-to-end latency
+	Err                          error         // the handler's error, nil on success
+}
+
+// DeadLetterEvent describes a dead letter after the store was asked to keep it.
+type DeadLetterEvent struct {
+	DeadLetter DeadLetter
+	StoreErr   error // the store's Put error; nil when stored
+}
+
+// topicCounters are a topic's publish-side counters.
+type topicCounters struct {
+	published atomic.Uint64
+	rejected  atomic.Uint64
+	unrouted  atomic.Uint64
+}
+
+// subCounters are one (topic, subscriber name)'s counters; they outlive a
+// subscription so that a name subscribed again keeps counting.
+type subCounters struct {
+	routed       atomic.Uint64
+	delivered    atomic.Uint64
+	attempts     atomic.Uint64
+	retries      atomic.Uint64
+	deadLettered atomic.Uint64
+	deduplicated atomic.Uint64
+	dlErrors     atomic.Uint64
+	inFlight     atomic.Int64
+}
+
+func (c *subCounters) snapshot() SubscriberStats {
+	return SubscriberStats{
+		InFlight:         int(c.inFlight.Load()),
+		Routed:           c.routed.Load(),
+		Delivered:        c.delivered.Load(),
+		Attempts:         c.attempts.Load(),
+		Retries:          c.retries.Load(),
+		DeadLettered:     c.deadLettered.Load(),
+		Deduplicated:     c.deduplicated.Load(),
+		DeadLetterErrors: c.dlErrors.Load(),
+	}
+}
+
+// recorder is the last stage of the delivery pipeline for one subscriber:
+// it moves the counters, calls the Observer, logs, and puts dead letters into
+// the store. It knows nothing of queues or goroutines.
+type recorder struct {
+	topic, subscriber string
+	c                 *subCounters
+	obs               Observer // nil: none
+	log               *slog.Logger
+	dlq               DeadLetterStore
+	newID             func() string // dead-letter IDs
+	onDeadLetter      func(reason string)
+}
+
+func (r *recorder) attempted(msg *Message, d time.Duration, code string, retryable bool, out Outcome, delay time.Duration, err error) {
+	if r.obs != nil {
+		r.obs.Attempted(AttemptEvent{
+			Topic: r.topic, Subscriber: r.subscriber, MessageID: msg.ID,
+			Attempt: msg.Attempt, Duration: d, ErrorCode: code, Retryable: retryable,
+			Outcome: out, Delay: delay, PublishedAt: msg.PublishedAt, Err: err,
+		})
+	}
+}
+
+func (r *recorder) delivered(msg *Message, d time.Duration) {
+	r.c.delivered.Add(1)
+	r.attempted(msg, d, "", false, OutcomeDelivered, 0, nil)
+	if r.log.Enabled(context.Background(), slog.LevelDebug) {
+		r.logAttrs(slog.LevelDebug, "broker: delivered", msg, "", false, OutcomeDelivered, nil)
+	}
+}
+
+func (r *recorder) deduplicated(msg *Message) {
+	r.c.deduplicated.Add(1)
+	r.attempted(msg, 0, "", false, OutcomeDeduplicated, 0, nil)
+	if r.log.Enabled(context.Background(), slog.LevelDebug) {
+		r.logAttrs(slog.LevelDebug, "broker: duplicate skipped", msg, "", false, OutcomeDeduplicated, nil)
+	}
+}
+
+func (r *recorder) retrying(msg *Message, d time.Duration, code string, delay time.Duration, err error) {
+	r.c.retries.Add(1)
+	r.attempted(msg, d, code, true, OutcomeRetry, delay, err)
+	if r.log.Enabled(context.Background(), slog.LevelInfo) {
+		r.logAttrs(slog.LevelInfo, "broker: attempt failed, retrying", msg, code, true, OutcomeRetry, err,
+			slog.Duration("delay", delay))
+	}
+}
+
+// deadLetter puts msg into the store, then counts it; the dead letter is in
+// the store before it is counted.
+func (r *recorder) deadLetter(msg *Message, d time.Duration, code string, retryable bool, reason string, err error) {
+	dl := DeadLetter{
+		ID:         r.newID(),
+		Message:    *msg,
+		Subscriber: r.subscriber,
+		Attempts:   msg.Attempt,
+		ErrorCode:  code,
+		Retryable:  retryable,
+		Reason:     reason,
+		FailedAt:   time.Now(),
+	}
+	if err != nil {
+		dl.Error = err.Error()
+	}
+	storeErr := r.dlq.Put(context.Background(), dl)
+	if storeErr != nil {
+		r.c.dlErrors.Add(1)
+	}
+	r.c.deadLettered.Add(1)
+	r.onDeadLetter(reason)
+	if msg.Attempt > 0 {
+		r.attempted(msg, d, code, retryable, OutcomeDeadLettered, 0, err)
+	}
+	if r.obs != nil {
+		r.obs.DeadLettered(DeadLetterEvent{DeadLetter: dl, StoreErr: storeErr})
+	}
+	level := slog.LevelWarn
+	if storeErr != nil {
+		level = slog.LevelError
+	}
+	if r.log.Enabled(context.Background(), level) {
+		attrs := []slog.Attr{slog.String("dead_letter_id", dl.ID), slog.String("reason", reason)}
+		if storeErr != nil {
+			attrs = append(attrs, slog.String("store_error", storeErr.Error()))
+		}
+		r.logAttrs(level, "broker: dead-lettered", msg, code, retryable, OutcomeDeadLettered, err, attrs...)
+	}
+}
+
+func (r *recorder) logAttrs(level slog.Level, text string, msg *Message, code string, retryable bool, out Outcome, err error, extra ...slog.Attr) {
+	attrs := make([]slog.Attr, 0, 9+len(extra))
+	attrs = append(attrs,
+		slog.String("topic", r.topic),
+		slog.String("message_id", msg.ID),
+		slog.String("subscriber", r.subscriber),
+		slog.Int("attempt", msg.Attempt),
+		slog.String("error_code", code),
+		slog.Bool("retryable", retryable),
+		slog.String("final_state", string(out)),
+	)
+	if err != nil {
+		attrs = append(attrs, slog.String("error", err.Error()))
+	}
+	attrs = append(attrs, extra...)
+	r.log.LogAttrs(context.Background(), level, text, attrs...)
+}

@@ -1,0 +1,161 @@
+package broker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// funcObserver calls the funcs that are set.
+type funcObserver struct {
+	NopObserver
+	attempted    func(AttemptEvent)
+	deadLettered func(DeadLetterEvent)
+}
+
+func (o *funcObserver) Attempted(e AttemptEvent) {
+	if o.attempted != nil {
+		o.attempted(e)
+	}
+}
+
+func (o *funcObserver) DeadLettered(e DeadLetterEvent) {
+	if o.deadLettered != nil {
+		o.deadLettered(e)
+	}
+}
+
+// eventLog records every event as a line.
+type eventLog struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (l *eventLog) add(format string, args ...any) {
+	l.mu.Lock()
+	l.events = append(l.events, fmt.Sprintf(format, args...))
+	l.mu.Unlock()
+}
+
+func (l *eventLog) Published(e PublishEvent) { l.add("published %s/%s", e.Topic, e.MessageID) }
+func (l *eventLog) Rejected(e RejectEvent)   { l.add("rejected %s/%s", e.Topic, e.MessageID) }
+func (l *eventLog) Unrouted(e UnroutedEvent) { l.add("unrouted %s/%s", e.Topic, e.MessageID) }
+func (l *eventLog) Attempted(e AttemptEvent) {
+	l.add("attempt %s/%s/%s #%d code=%q retryable=%v outcome=%s delay=%v published=%v",
+		e.Topic, e.Subscriber, e.MessageID, e.Attempt, e.ErrorCode, e.Retryable, e.Outcome, e.Delay, !e.PublishedAt.IsZero())
+}
+func (l *eventLog) DeadLettered(e DeadLetterEvent) {
+	l.add("dead letter %s/%s reason=%s stored=%v", e.DeadLetter.Subscriber, e.DeadLetter.Message.ID, e.DeadLetter.Reason, e.StoreErr == nil)
+}
+
+func TestObserverEvents(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		var log eventLog
+		b := newTestBroker(t, WithObserver(&log), WithQueueSize(1), WithPublishTimeout(0),
+			WithRetryPolicy(RetryPolicy{MaxRetries: 1, Backoff: ConstantBackoff(time.Second)}))
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "lost", Topic: "nobody"}))
+		idle()
+		_, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
+			if m.ID == "bad" {
+				return errBoom
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "ok", Topic: "t"}))
+		idle()
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "ok", Topic: "t"}))
+		idle()
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "bad", Topic: "t"}))
+		idle()
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "q1", Topic: "t"})) // lane
+		idle()
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "q2", Topic: "t"})) // topic queue
+		require.Error(t, b.Publish(context.Background(), Message{ID: "full", Topic: "t"}))
+		time.Sleep(2 * time.Second)
+		idle()
+		assert.Equal(t, []string{
+			"published nobody/lost",
+			"unrouted nobody/lost",
+			"published t/ok",
+			`attempt t/s/ok #1 code="" retryable=false outcome=delivered delay=0s published=true`,
+			"published t/ok",
+			`attempt t/s/ok #0 code="" retryable=false outcome=deduplicated delay=0s published=true`,
+			"published t/bad",
+			`attempt t/s/bad #1 code="error" retryable=true outcome=retry delay=1s published=true`,
+			"published t/q1",
+			"published t/q2",
+			"rejected t/full",
+			`attempt t/s/bad #2 code="error" retryable=true outcome=dead_lettered delay=0s published=true`,
+			"dead letter s/bad reason=exhausted stored=true",
+			`attempt t/s/q1 #1 code="" retryable=false outcome=delivered delay=0s published=true`,
+			`attempt t/s/q2 #1 code="" retryable=false outcome=delivered delay=0s published=true`,
+		}, log.events)
+	})
+}
+
+func TestLogsCarryContractFields(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		var buf bytes.Buffer
+		var mu sync.Mutex
+		logger := slog.New(slog.NewJSONHandler(&lockedWriter{w: &buf, mu: &mu}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		b := newTestBroker(t, WithLogger(logger), WithRetryPolicy(RetryPolicy{MaxRetries: 1, Backoff: ConstantBackoff(0)}))
+		_, err := b.Subscribe("orders", "billing", func(context.Context, Message) error { return codedError{"declined"} })
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "m-1", Topic: "orders"}))
+		idle()
+		mu.Lock()
+		defer mu.Unlock()
+		var lines []map[string]any
+		for _, line := range bytes.Split(bytes.TrimSpace(buf.Bytes()), []byte("\n")) {
+			var m map[string]any
+			require.NoError(t, json.Unmarshal(line, &m))
+			lines = append(lines, m)
+		}
+		require.Len(t, lines, 2, "a retry line and a dead-letter line")
+		want := map[string]any{
+			"topic": "orders", "message_id": "m-1", "subscriber": "billing",
+			"error_code": "declined", "retryable": true,
+		}
+		for i, state := range []string{"retry", "dead_lettered"} {
+			for k, v := range want {
+				assert.Equal(t, v, lines[i][k], "line %d field %s", i, k)
+			}
+			assert.Equal(t, float64(i+1), lines[i]["attempt"])
+			assert.Equal(t, state, lines[i]["final_state"])
+		}
+		assert.Equal(t, "WARN", lines[1]["level"])
+		assert.Equal(t, "exhausted", lines[1]["reason"])
+		assert.NotEmpty(t, lines[1]["dead_letter_id"])
+	})
+}
+
+type lockedWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func TestStatsRatios(t *testing.T) {
+	s := SubscriberStats{Attempts: 10, Retries: 2, Delivered: 6, Deduplicated: 1, DeadLettered: 3, Queued: 4, InFlight: 1}
+	assert.InDelta(t, 0.2, s.RetryRate(), 1e-9)
+	assert.InDelta(t, 0.3, s.FailureRate(), 1e-9)
+	assert.Equal(t, 5, s.Backlog())
+	assert.Zero(t, SubscriberStats{}.RetryRate())
+	assert.Zero(t, SubscriberStats{}.FailureRate())
+	ts := TopicStats{Queued: 2, Subscribers: map[string]SubscriberStats{"a": s, "b": {Queued: 1}}}
+	assert.Equal(t, 8, ts.Backlog())
+}

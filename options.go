@@ -1,0 +1,182 @@
+package broker
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Defaults of the broker's options.
+const (
+	DefaultQueueSize      = 1024                   // per-topic queue, and per-subscriber lane, capacity
+	DefaultPublishTimeout = 500 * time.Millisecond // longest Publish waits for room
+)
+
+// Option configures a Broker in New. An option given a bad value makes New
+// return an error wrapping ErrInvalidOption.
+type Option func(*config) error
+
+// config is what New builds from its options.
+type config struct {
+	queueSize      int
+	publishTimeout time.Duration
+	policy         RetryPolicy
+	dlq            DeadLetterStore
+	dedup          IdempotencyStore
+	dedupSet       bool
+	logger         *slog.Logger
+	obs            Observer
+}
+
+func defaultConfig() config {
+	return config{
+		queueSize:      DefaultQueueSize,
+		publishTimeout: DefaultPublishTimeout,
+		policy:         DefaultRetryPolicy(),
+	}
+}
+
+// WithQueueSize sets the capacity of each topic queue and the default
+// capacity of each subscriber lane (n >= 1; default DefaultQueueSize).
+func WithQueueSize(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("%w: queue size %d < 1", ErrInvalidOption, n)
+		}
+		c.queueSize = n
+		return nil
+	}
+}
+
+// WithPublishTimeout sets how long Publish waits for room in a full queue
+// before it returns ErrQueueFull; 0 fails at once (default
+// DefaultPublishTimeout). Negative durations are refused.
+func WithPublishTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("%w: publish timeout %v < 0", ErrInvalidOption, d)
+		}
+		c.publishTimeout = d
+		return nil
+	}
+}
+
+// WithRetryPolicy sets the retry policy of every subscriber that does not
+// set its own (default DefaultRetryPolicy()).
+func WithRetryPolicy(p RetryPolicy) Option {
+	return func(c *config) error {
+		if err := p.validate(); err != nil {
+			return err
+		}
+		c.policy = p
+		return nil
+	}
+}
+
+// WithDeadLetterStore sets where dead letters go (default: a
+// MemoryDeadLetterStore of DefaultDeadLetterCapacity logging to the broker's
+// logger). nil is refused.
+func WithDeadLetterStore(s DeadLetterStore) Option {
+	return func(c *config) error {
+		if s == nil {
+			return fmt.Errorf("%w: nil dead-letter store", ErrInvalidOption)
+		}
+		c.dlq = s
+		return nil
+	}
+}
+
+// WithIdempotencyStore sets the store that suppresses duplicate deliveries
+// (default: a MemoryIdempotencyStore with DefaultDedupWindow and
+// DefaultDedupEntries). nil disables deduplication.
+func WithIdempotencyStore(s IdempotencyStore) Option {
+	return func(c *config) error {
+		c.dedup, c.dedupSet = s, true
+		return nil
+	}
+}
+
+// WithLogger sets the logger (default slog.Default()). nil is refused; use
+// slog.New(slog.DiscardHandler) for none.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// WithObserver sets the metrics hooks (default: none). nil is refused.
+func WithObserver(o Observer) Option {
+	return func(c *config) error {
+		if o == nil {
+			return fmt.Errorf("%w: nil observer", ErrInvalidOption)
+		}
+		c.obs = o
+		return nil
+	}
+}
+
+// SubscribeOption configures one subscription in Subscribe. An option given
+// a bad value makes Subscribe return an error wrapping ErrInvalidOption.
+type SubscribeOption func(*subConfig) error
+
+type subConfig struct {
+	concurrency int
+	laneSize    int
+	timeout     time.Duration
+	policy      *RetryPolicy
+}
+
+// Concurrency sets how many workers run the subscriber's handler (n >= 1;
+// default 1). Messages with the same Key (or, without a Key, the same ID)
+// always go to the same worker, in order.
+func Concurrency(n int) SubscribeOption {
+	return func(c *subConfig) error {
+		if n < 1 {
+			return fmt.Errorf("%w: concurrency %d < 1", ErrInvalidOption, n)
+		}
+		c.concurrency = n
+		return nil
+	}
+}
+
+// LaneSize sets the capacity of the subscriber's lane, the messages routed
+// to it and not yet taken by a worker (n >= 1; default the broker's queue
+// size). With Concurrency(k) each worker holds ceil(n/k) of them.
+func LaneSize(n int) SubscribeOption {
+	return func(c *subConfig) error {
+		if n < 1 {
+			return fmt.Errorf("%w: lane size %d < 1", ErrInvalidOption, n)
+		}
+		c.laneSize = n
+		return nil
+	}
+}
+
+// HandlerTimeout gives each attempt a deadline d in its context (d >= 0;
+// 0, the default, means none). An attempt that fails after its deadline
+// passed gets code "timeout", whatever its error.
+func HandlerTimeout(d time.Duration) SubscribeOption {
+	return func(c *subConfig) error {
+		if d < 0 {
+			return fmt.Errorf("%w: handler timeout %v < 0", ErrInvalidOption, d)
+		}
+		c.timeout = d
+		return nil
+	}
+}
+
+// WithSubscriberRetryPolicy overrides the broker's retry policy for this
+// subscriber.
+func WithSubscriberRetryPolicy(p RetryPolicy) SubscribeOption {
+	return func(c *subConfig) error {
+		if err := p.validate(); err != nil {
+			return err
+		}
+		c.policy = &p
+		return nil
+	}
+}

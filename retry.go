@@ -1,0 +1,265 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"time"
+)
+
+// Error codes the broker assigns. A handler error with an ErrorCode() string
+// method carries its own code; RetryPolicy.ByCode can set a rule for any code.
+const (
+	CodeError     = "error"     // any other error; retryable
+	CodeTimeout   = "timeout"   // the subscriber's HandlerTimeout passed; retryable
+	CodePanic     = "panic"     // the handler panicked; not retried unless ByCode["panic"] says so
+	CodePermanent = "permanent" // Permanent(err) without its own code; never retried
+	CodeThrottled = "throttled" // RetryAfter(err, d); retried no sooner than d
+	// CodeShutdown and CodeUnsubscribed mark dead letters of messages that
+	// Close or Unsubscribe cut off before any attempt ended with an error.
+	CodeShutdown     = "shutdown"
+	CodeUnsubscribed = "unsubscribed"
+)
+
+// Defaults of the retry policy.
+const (
+	DefaultMaxRetries  = 2                     // retries after the first attempt
+	DefaultBackoffBase = 50 * time.Millisecond // first retry waits about this long
+	DefaultBackoffMax  = 5 * time.Second       // no retry waits longer (RetryAfter aside)
+	maxShift           = 62                    // 1<<62 is the largest power of two in an int64
+)
+
+// Backoff returns the delay before retry number retry (1 for the first
+// retry). It must be safe for concurrent use and should be a pure function
+// of retry (plus jitter): the broker keeps no backoff state between calls.
+type Backoff func(retry int) time.Duration
+
+// ConstantBackoff waits d before every retry; ConstantBackoff(0) retries at
+// once. A negative d is treated as 0.
+func ConstantBackoff(d time.Duration) Backoff {
+	d = max(d, 0)
+	return func(int) time.Duration { return d }
+}
+
+// ExponentialBackoff waits about base·2^(retry-1), capped at max, with equal
+// jitter: the delay is drawn uniformly from [d/2, d] where d is the capped
+// exponential value, so retries from many messages spread out while the cap
+// is never exceeded. A max below base is raised to base; a non-positive base
+// yields no delay.
+func ExponentialBackoff(base, max time.Duration) Backoff {
+	if base <= 0 {
+		return ConstantBackoff(0)
+	}
+	if max < base {
+		max = base
+	}
+	return func(retry int) time.Duration {
+		d := exponential(base, max, retry)
+		half := d / 2
+		return d - half + rand.N(half+1)
+	}
+}
+
+// exponential returns min(base·2^(retry-1), max) without overflow, for
+// 0 < base <= max. A retry below 1 counts as 1.
+func exponential(base, max time.Duration, retry int) time.Duration {
+	shift := retry - 1
+	if shift <= 0 {
+		return base
+	}
+	if shift >= maxShift || base > max>>shift {
+		return max
+	}
+	return base << shift
+}
+
+// RetryPolicy decides how often and how soon a failed delivery is retried.
+// The zero value retries nothing (MaxRetries 0); DefaultRetryPolicy returns
+// the broker's default. A policy is copied when given to the broker.
+type RetryPolicy struct {
+	// MaxRetries is how many times a failure is retried after the first
+	// attempt, for codes without a rule in ByCode.
+	MaxRetries int
+	// Backoff gives the delay before each retry; nil means
+	// ExponentialBackoff(DefaultBackoffBase, DefaultBackoffMax).
+	Backoff Backoff
+	// ByCode overrides MaxRetries and Backoff for an error code.
+	ByCode map[string]RetryRule
+}
+
+// RetryRule is the retry rule for one error code. MaxRetries 0 means never
+// retry that code (it does not inherit the policy's MaxRetries).
+type RetryRule struct {
+	MaxRetries int     // retries after the first attempt for this code
+	Backoff    Backoff // nil means the policy's Backoff
+}
+
+// DefaultRetryPolicy returns the policy a broker uses unless told otherwise:
+// DefaultMaxRetries retries with jittered exponential backoff from
+// DefaultBackoffBase capped at DefaultBackoffMax.
+func DefaultRetryPolicy() RetryPolicy {
+	return RetryPolicy{
+		MaxRetries: DefaultMaxRetries,
+		Backoff:    ExponentialBackoff(DefaultBackoffBase, DefaultBackoffMax),
+	}
+}
+
+// validate reports a malformed policy, wrapping ErrInvalidOption.
+func (p RetryPolicy) validate() error {
+	if p.MaxRetries < 0 {
+		return fmt.Errorf("%w: retry policy MaxRetries %d < 0", ErrInvalidOption, p.MaxRetries)
+	}
+	for code, r := range p.ByCode {
+		if code == "" {
+			return fmt.Errorf("%w: retry rule for an empty error code", ErrInvalidOption)
+		}
+		if r.MaxRetries < 0 {
+			return fmt.Errorf("%w: retry rule %q MaxRetries %d < 0", ErrInvalidOption, code, r.MaxRetries)
+		}
+	}
+	return nil
+}
+
+// normalized returns a copy whose Backoff is set and whose ByCode map is
+// private to the broker, so later changes by the caller have no effect.
+func (p RetryPolicy) normalized() RetryPolicy {
+	if p.Backoff == nil {
+		p.Backoff = ExponentialBackoff(DefaultBackoffBase, DefaultBackoffMax)
+	}
+	if p.ByCode != nil {
+		byCode := make(map[string]RetryRule, len(p.ByCode))
+		for code, r := range p.ByCode {
+			if r.Backoff == nil {
+				r.Backoff = p.Backoff
+			}
+			byCode[code] = r
+		}
+		p.ByCode = byCode
+	}
+	return p
+}
+
+// verdict is the policy's decision about one failed attempt.
+type verdict struct {
+	retryable bool          // the policy allows retries for this failure at all
+	retry     bool          // retry now (attempts remain)
+	delay     time.Duration // wait before the retry
+}
+
+// decide applies a normalized policy to the failure f of attempt number
+// attempt (1 for the first). Attempts stay within 1..rule.MaxRetries+1.
+func (p *RetryPolicy) decide(f failure, attempt int) verdict {
+	if f.permanent {
+		return verdict{}
+	}
+	maxRetries, backoff := p.MaxRetries, p.Backoff
+	if r, ok := p.ByCode[f.code]; ok {
+		maxRetries, backoff = r.MaxRetries, r.Backoff
+	} else if f.code == CodePanic {
+		maxRetries = 0
+	}
+	v := verdict{retryable: maxRetries > 0, retry: attempt <= maxRetries}
+	if v.retry {
+		v.delay = max(backoff(attempt), f.after, 0)
+	}
+	return v
+}
+
+// failure is a classified handler error.
+type failure struct {
+	code      string
+	permanent bool          // Permanent(err): never retried
+	after     time.Duration // RetryAfter: the least delay before a retry
+}
+
+// coder is an error that names its own code.
+type coder interface {
+	error
+	ErrorCode() string
+}
+
+// classify turns a handler error into a failure. timedOut reports that the
+// subscriber's HandlerTimeout deadline had passed when the handler returned;
+// it makes the code "timeout" whatever the error (a panic stays a panic).
+func classify(err error, timedOut bool) failure {
+	if _, ok := errors.AsType[*PanicError](err); ok {
+		return failure{code: CodePanic}
+	}
+	if timedOut {
+		return failure{code: CodeTimeout}
+	}
+	if pe, ok := errors.AsType[*permanentError](err); ok {
+		code := CodePermanent
+		if c, ok := errors.AsType[coder](pe.err); ok {
+			code = c.ErrorCode()
+		}
+		return failure{code: code, permanent: true}
+	}
+	if ra, ok := errors.AsType[*retryAfterError](err); ok {
+		return failure{code: CodeThrottled, after: ra.after}
+	}
+	if c, ok := errors.AsType[coder](err); ok {
+		if code := c.ErrorCode(); code != "" {
+			return failure{code: code}
+		}
+	}
+	return failure{code: CodeError}
+}
+
+// Permanent marks err as not worth retrying (bad input, failed validation):
+// the message goes straight to the dead-letter store. Its code is
+// "permanent" unless err has an ErrorCode() method. Permanent(nil) is nil.
+// The result wraps err, so errors.Is and errors.As still see it.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// RetryAfter marks err as throttling: the next attempt happens no sooner than
+// d (or the backoff, whichever is longer). Its code is "throttled" and it is
+// retried as RetryPolicy.ByCode["throttled"] (or the policy) allows.
+// RetryAfter(nil, d) is nil; a negative d counts as 0.
+func RetryAfter(err error, d time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &retryAfterError{err: err, after: max(d, 0)}
+}
+
+type retryAfterError struct {
+	err   error
+	after time.Duration
+}
+
+func (e *retryAfterError) Error() string {
+	return fmt.Sprintf("retry after %v: %v", e.after, e.err)
+}
+func (e *retryAfterError) Unwrap() error { return e.err }
+
+// PanicError is what a handler panic becomes: code "panic", with the value
+// passed to panic and the stack of the panicking goroutine.
+type PanicError struct {
+	Value any    // the value passed to panic
+	Stack []byte // debug.Stack() at the recovery point
+}
+
+func newPanicError(v any) *PanicError { return &PanicError{Value: v, Stack: debug.Stack()} }
+
+func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }
+
+// ErrorCode returns "panic".
+func (e *PanicError) ErrorCode() string { return CodePanic }
+
+// Unwrap returns the panic value if it is an error, so errors.Is sees it.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}
