@@ -819,10 +819,14 @@ func TestCloseDeadlineDeadLettersLeftovers(t *testing.T) {
 		}
 		_, err := b.Subscribe("t", "a", block, LaneSize(2))
 		require.NoError(t, err)
-		_, err = b.Subscribe("t", "b", block, LaneSize(2), Concurrency(2))
+		// b's two workers each hold up to 1 running + 2 queued, so b takes
+		// whatever a takes, however its IDs hash.
+		_, err = b.Subscribe("t", "b", block, LaneSize(4), Concurrency(2))
 		require.NoError(t, err)
-		publishN(t, b, "t", "m", 7) // a: 1 running + 2 in lane, rest in the topic queue
-		idle()
+		for i := range 7 { // a: 1 running + 2 in lane, 4 in the topic queue
+			require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprintf("m-%d", i), Topic: "t"}))
+			idle()
+		}
 		require.Equal(t, 4, b.Stats().Topics["t"].Queued)
 
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -201,3 +201,5 @@ func (s *stamps) untilsList() []time.Duration {
 	defer s.mu.Unlock()
 	return append([]time.Duration(nil), s.untils...)
 }
+
+type syncMutex struct{ sync.Mutex }

@@ -1,0 +1,175 @@
+package broker
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func dl(id, topic, sub, code string) DeadLetter {
+	return DeadLetter{ID: id, Message: Message{ID: "m-" + id, Topic: topic}, Subscriber: sub, ErrorCode: code,
+		Reason: ReasonExhausted, FailedAt: time.Unix(1, 0)}
+}
+
+// testDeadLetterStore is the behaviour every DeadLetterStore must have.
+func testDeadLetterStore(t *testing.T, newStore func() DeadLetterStore) {
+	ctx := context.Background()
+	fill := func(t *testing.T) DeadLetterStore {
+		s := newStore()
+		for _, d := range []DeadLetter{
+			dl("1", "orders", "billing", "timeout"),
+			dl("2", "orders", "inventory", "invalid"),
+			dl("3", "users", "billing", "timeout"),
+			dl("4", "orders", "billing", "panic"),
+		} {
+			require.NoError(t, s.Put(ctx, d))
+		}
+		return s
+	}
+	ids := func(dls []DeadLetter) []string {
+		var out []string
+		for _, d := range dls {
+			out = append(out, d.ID)
+		}
+		return out
+	}
+
+	t.Run("list filters oldest first", func(t *testing.T) {
+		s := fill(t)
+		tests := []struct {
+			f    DeadLetterFilter
+			want []string
+		}{
+			{DeadLetterFilter{}, []string{"1", "2", "3", "4"}},
+			{DeadLetterFilter{Topic: "orders"}, []string{"1", "2", "4"}},
+			{DeadLetterFilter{Subscriber: "billing"}, []string{"1", "3", "4"}},
+			{DeadLetterFilter{ErrorCode: "timeout"}, []string{"1", "3"}},
+			{DeadLetterFilter{Topic: "orders", Subscriber: "billing", ErrorCode: "panic"}, []string{"4"}},
+			{DeadLetterFilter{Topic: "nope"}, nil},
+			{DeadLetterFilter{Limit: 2}, []string{"1", "2"}},
+			{DeadLetterFilter{Subscriber: "billing", Limit: 2}, []string{"1", "3"}},
+		}
+		for _, tt := range tests {
+			got, err := s.List(ctx, tt.f)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, ids(got), "filter %+v", tt.f)
+		}
+		_, err := s.List(ctx, DeadLetterFilter{Limit: -1})
+		assert.ErrorIs(t, err, ErrInvalidOption)
+	})
+	t.Run("get delete len", func(t *testing.T) {
+		s := fill(t)
+		got, ok, err := s.Get(ctx, "2")
+		require.NoError(t, err)
+		require.True(t, ok)
+		assert.Equal(t, dl("2", "orders", "inventory", "invalid"), got)
+		_, ok, err = s.Get(ctx, "nope")
+		require.NoError(t, err)
+		assert.False(t, ok)
+		require.NoError(t, s.Delete(ctx, "2", "nope", "4"))
+		n, err := s.Len(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, 2, n)
+		all, err := s.List(ctx, DeadLetterFilter{})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"1", "3"}, ids(all))
+	})
+	t.Run("put replaces same ID", func(t *testing.T) {
+		s := fill(t)
+		require.NoError(t, s.Put(ctx, dl("1", "orders", "billing", "changed")))
+		n, err := s.Len(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, 4, n)
+		got, _, err := s.Get(ctx, "1")
+		require.NoError(t, err)
+		assert.Equal(t, "changed", got.ErrorCode)
+	})
+	t.Run("cancelled context", func(t *testing.T) {
+		s := fill(t)
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		assert.Error(t, s.Put(cctx, dl("9", "t", "s", "c")))
+		_, err := s.List(cctx, DeadLetterFilter{})
+		assert.Error(t, err)
+	})
+}
+
+func TestMemoryDeadLetterStore(t *testing.T) {
+	testDeadLetterStore(t, func() DeadLetterStore { return NewMemoryDeadLetterStore(0, nil) })
+}
+
+func TestMemoryDeadLetterStoreEvictsOldest(t *testing.T) {
+	var buf bytes.Buffer
+	s := NewMemoryDeadLetterStore(3, slog.New(slog.NewTextHandler(&buf, nil)))
+	ctx := context.Background()
+	for i := range 5 {
+		require.NoError(t, s.Put(ctx, dl(fmt.Sprint(i), "t", "s", "c")))
+	}
+	n, err := s.Len(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 3, n, "never grows past its capacity")
+	assert.Equal(t, uint64(2), s.Evicted())
+	all, err := s.List(ctx, DeadLetterFilter{})
+	require.NoError(t, err)
+	assert.Equal(t, "2", all[0].ID, "oldest evicted first")
+	logs := buf.String()
+	assert.Contains(t, logs, "evicted oldest")
+	assert.Contains(t, logs, "dead_letter_id=0")
+	assert.Contains(t, logs, "dead_letter_id=1")
+	assert.Contains(t, logs, "message_id=m-0")
+	assert.Equal(t, DefaultDeadLetterCapacity, NewMemoryDeadLetterStore(-1, nil).Capacity())
+	assert.ErrorIs(t, s.Put(ctx, DeadLetter{}), ErrInvalidOption, "a dead letter needs an ID")
+}
+
+func TestBrokerReportsEvictions(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithDeadLetterStore(NewMemoryDeadLetterStore(2, discard)), WithRetryPolicy(RetryPolicy{}))
+		_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return errBoom })
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 5)
+		idle()
+		st := b.Stats()
+		assert.Equal(t, uint64(3), st.DeadLetterEvicted)
+		assert.Equal(t, uint64(5), st.Topics["t"].Subscribers["s"].DeadLettered)
+	})
+}
+
+// failingStore refuses every Put.
+type failingStore struct{ *MemoryDeadLetterStore }
+
+func (failingStore) Put(context.Context, DeadLetter) error { return errBoom }
+
+func TestDeadLetterStoreErrorsAreCountedAndLogged(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		var buf bytes.Buffer
+		var mu = new(syncMutex)
+		logger := slog.New(slog.NewTextHandler(&lockedWriter{w: &buf, mu: &mu.Mutex}, nil))
+		var events []DeadLetterEvent
+		obs := &funcObserver{deadLettered: func(e DeadLetterEvent) {
+			mu.Lock()
+			events = append(events, e)
+			mu.Unlock()
+		}}
+		b := newTestBroker(t, WithDeadLetterStore(failingStore{NewMemoryDeadLetterStore(0, nil)}),
+			WithRetryPolicy(RetryPolicy{}), WithLogger(logger), WithObserver(obs))
+		_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return errBoom })
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t"}))
+		idle()
+		ss := subStats(t, b, "t", "s")
+		assert.Equal(t, uint64(1), ss.DeadLettered)
+		assert.Equal(t, uint64(1), ss.DeadLetterErrors)
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, events, 1)
+		assert.ErrorIs(t, events[0].StoreErr, errBoom)
+		assert.Contains(t, buf.String(), "level=ERROR")
+		assert.Contains(t, buf.String(), "store_error=boom")
+	})
+}

@@ -1,0 +1,103 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMemoryIdempotencyStore(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := NewMemoryIdempotencyStore(time.Minute, 1000)
+		k := DeliveryKey{Topic: "t", Subscriber: "s", MessageID: "m"}
+		seen, err := s.Seen(ctx, k)
+		require.NoError(t, err)
+		assert.False(t, seen)
+		require.NoError(t, s.Record(ctx, k))
+		seen, _ = s.Seen(ctx, k)
+		assert.True(t, seen)
+		for _, other := range []DeliveryKey{
+			{Topic: "t", Subscriber: "other", MessageID: "m"},
+			{Topic: "u", Subscriber: "s", MessageID: "m"},
+			{Topic: "t", Subscriber: "s", MessageID: "n"},
+		} {
+			seen, _ = s.Seen(ctx, other)
+			assert.False(t, seen, "%+v", other)
+		}
+		time.Sleep(59 * time.Second)
+		seen, _ = s.Seen(ctx, k)
+		assert.True(t, seen, "inside the window")
+		require.NoError(t, s.Record(ctx, k)) // recorded again: the window restarts
+		time.Sleep(30 * time.Second)
+		seen, _ = s.Seen(ctx, k)
+		assert.True(t, seen, "the second record restarted the window")
+		time.Sleep(31 * time.Second)
+		seen, _ = s.Seen(ctx, k)
+		assert.False(t, seen, "after the window")
+	})
+}
+
+func TestMemoryIdempotencyStoreIsBounded(t *testing.T) {
+	tests := []struct{ max, record int }{{1, 10}, {3, 100}, {100, 1000}, {1000, 5000}}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint(tt.max), func(t *testing.T) {
+			ctx := context.Background()
+			s := NewMemoryIdempotencyStore(time.Hour, tt.max)
+			for i := range tt.record {
+				require.NoError(t, s.Record(ctx, DeliveryKey{Topic: "t", Subscriber: "s", MessageID: fmt.Sprint(i)}))
+				require.LessOrEqual(t, s.Len(), tt.max)
+			}
+			last := DeliveryKey{Topic: "t", Subscriber: "s", MessageID: fmt.Sprint(tt.record - 1)}
+			seen, _ := s.Seen(ctx, last)
+			assert.True(t, seen, "the newest entry is kept")
+			first := DeliveryKey{Topic: "t", Subscriber: "s", MessageID: "0"}
+			seen, _ = s.Seen(ctx, first)
+			assert.False(t, seen, "the oldest entry was forgotten")
+		})
+	}
+}
+
+func TestMemoryIdempotencyStoreForgetsExpired(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := NewMemoryIdempotencyStore(time.Second, 1_000_000)
+		for i := range 10_000 {
+			require.NoError(t, s.Record(ctx, DeliveryKey{MessageID: fmt.Sprint(i)}))
+		}
+		time.Sleep(2 * time.Second)
+		// Record one new key in every shard: each record drops its shard's
+		// expired entries.
+		hit := map[*dedupShard]bool{}
+		for i := 0; len(hit) < len(s.shards); i++ {
+			k := DeliveryKey{MessageID: fmt.Sprint("new", i)}
+			if sh := s.shard(&k); !hit[sh] {
+				hit[sh] = true
+				require.NoError(t, s.Record(ctx, k))
+			}
+		}
+		assert.Equal(t, len(s.shards), s.Len(), "only the new entries are left")
+	})
+}
+
+func TestIdempotencyStoreFailureStillDelivers(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithIdempotencyStore(brokenIdem{}))
+		var got calls
+		_, err := b.Subscribe("t", "s", okHandler(&got))
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 2)
+		idle()
+		assert.Equal(t, 2, got.len(), "a failing dedup store never loses a message")
+	})
+}
+
+// brokenIdem fails every call.
+type brokenIdem struct{}
+
+func (brokenIdem) Seen(context.Context, DeliveryKey) (bool, error) { return false, errBoom }
+func (brokenIdem) Record(context.Context, DeliveryKey) error       { return errBoom }

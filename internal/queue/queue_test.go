@@ -1,0 +1,170 @@
+package queue
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestFIFOAcrossGrowthAndWrap(t *testing.T) {
+	q := New[int](100)
+	next, want := 0, 0
+	// Interleave pushes and pops so the ring wraps while it grows.
+	for round := range 50 {
+		for range round%7 + 1 {
+			if q.TryPush(next) == nil {
+				next++
+			}
+		}
+		for range round % 5 {
+			v, ok := q.Pop()
+			if !ok {
+				break
+			}
+			require.Equal(t, want, v)
+			want++
+		}
+	}
+	for {
+		v, ok := q.Pop()
+		if !ok {
+			break
+		}
+		require.Equal(t, want, v)
+		want++
+	}
+	assert.Equal(t, next, want)
+	assert.Equal(t, 0, q.Len())
+}
+
+func TestBounds(t *testing.T) {
+	q := New[int](3)
+	for i := range 3 {
+		require.NoError(t, q.TryPush(i))
+	}
+	assert.ErrorIs(t, q.TryPush(9), ErrFull)
+	assert.Equal(t, 3, q.Len())
+	assert.Equal(t, 3, q.Cap())
+	head, n := q.Head()
+	assert.Equal(t, 0, head)
+	assert.Equal(t, 3, n)
+	assert.Equal(t, 1, New[int](0).Cap(), "capacity at least 1")
+}
+
+func TestPeekAdvance(t *testing.T) {
+	q := New[string](2)
+	_, ok := q.Peek()
+	assert.False(t, ok)
+	require.NoError(t, q.TryPush("a"))
+	require.NoError(t, q.TryPush("b"))
+	v, ok := q.Peek()
+	require.True(t, ok)
+	assert.Equal(t, "a", v)
+	assert.Equal(t, 2, q.Len(), "a peeked item still counts")
+	q.Advance()
+	v, _ = q.Peek()
+	assert.Equal(t, "b", v)
+	assert.Equal(t, 1, q.Len())
+}
+
+func TestCloseDrains(t *testing.T) {
+	q := New[int](4)
+	require.NoError(t, q.TryPush(1))
+	q.Close()
+	q.Close() // idempotent
+	assert.ErrorIs(t, q.TryPush(2), ErrClosed)
+	assert.ErrorIs(t, q.PushWait(2, nil, nil, nil), ErrClosed)
+	assert.True(t, q.Wait(nil), "queued items outlive Close")
+	v, ok := q.Pop()
+	assert.True(t, ok)
+	assert.Equal(t, 1, v)
+	assert.False(t, q.Wait(nil), "closed and empty")
+}
+
+func TestPushWait(t *testing.T) {
+	tests := []struct {
+		name    string
+		act     func(q *Queue[int], stop chan struct{})
+		timeout time.Duration
+		want    error
+		waited  time.Duration
+	}{
+		{"room appears", func(q *Queue[int], _ chan struct{}) {
+			time.Sleep(time.Second)
+			q.Pop()
+		}, time.Hour, nil, time.Second},
+		{"deadline", func(*Queue[int], chan struct{}) {}, 2 * time.Second, ErrTimeout, 2 * time.Second},
+		{"stopped", func(_ *Queue[int], stop chan struct{}) {
+			time.Sleep(time.Second)
+			close(stop)
+		}, time.Hour, ErrStopped, time.Second},
+		{"closed", func(q *Queue[int], _ chan struct{}) {
+			time.Sleep(time.Second)
+			q.Close()
+		}, time.Hour, ErrClosed, time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				q := New[int](1)
+				require.NoError(t, q.TryPush(0))
+				stop := make(chan struct{})
+				go tt.act(q, stop)
+				timer := time.NewTimer(tt.timeout)
+				defer timer.Stop()
+				start := time.Now()
+				err := q.PushWait(1, stop, nil, timer.C)
+				assert.Equal(t, tt.want, err)
+				assert.Equal(t, tt.waited, time.Since(start))
+				synctest.Wait()
+			})
+		})
+	}
+}
+
+func TestManyProducersOneConsumer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const producers, each = 8, 500
+		q := New[[2]int](16)
+		for p := range producers {
+			go func() {
+				for i := range each {
+					require.NoError(t, q.PushWait([2]int{p, i}, nil, nil, nil))
+				}
+			}()
+		}
+		last := make([]int, producers)
+		for i := range last {
+			last[i] = -1
+		}
+		for range producers * each {
+			require.True(t, q.Wait(nil))
+			v, ok := q.Pop()
+			require.True(t, ok)
+			require.Equal(t, last[v[0]]+1, v[1], "per-producer order")
+			last[v[0]] = v[1]
+		}
+		q.Close()
+		assert.False(t, q.Wait(nil))
+	})
+}
+
+func TestWaitStops(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := New[int](1)
+		stop := make(chan struct{})
+		go func() {
+			time.Sleep(time.Second)
+			close(stop)
+		}()
+		assert.False(t, q.Wait(stop))
+		require.NoError(t, q.TryPush(1))
+		assert.True(t, q.Wait(stop), "an item is reported even when stopped")
+	})
+}
