@@ -1,0 +1,85 @@
+// Package broker is an embeddable, in-process message broker whose failure
+// behaviour is a written, tested contract.
+//
+// A service publishes events with [Broker.Publish]; every subscriber
+// registered with [Broker.Subscribe] gets each message at least once, in its
+// own lane, with its own workers. Failed deliveries are retried by a policy
+// chosen per error code, what still fails lands in a [DeadLetterStore] with
+// everything needed to diagnose and [Broker.Redrive] it, duplicates by
+// message ID are suppressed, a full queue gives the producer an error
+// instead of a hang, [Broker.Stats] says where the backlog is, and
+// [Broker.Close] loses nothing.
+//
+// # Delivery semantics
+//
+// delivery_semantics = at_least_once. A message is handed to a subscriber
+// again after a failed attempt, and a handler may be cut off (timeout,
+// shutdown) after it caused its side effect, so handlers must be idempotent.
+// The broker helps: a message ID already delivered to a subscriber within
+// the dedup window is not handed to it again, and two deliveries of one ID
+// to one subscriber never run at the same time.
+//
+// # Pipeline
+//
+// Publish validates the message and puts it into its topic's bounded queue;
+// nothing else ("published" means "queued", never "handled"). One
+// dispatcher goroutine per topic takes messages in FIFO order and copies
+// each into the lane of every subscriber. Each subscriber's workers take
+// messages from its lane and run the delivery pipeline: dedup check,
+// attempt (handler with deadline and panic recovery), classify the error,
+// retry after a backoff or dead-letter, record stats, logs and observer
+// events.
+//
+// With Concurrency(n) a subscriber has n workers, each with its own part of
+// the lane; messages with the same Key (or, without a Key, the same ID) go
+// to the same worker, so order holds per key. A retry holds its worker
+// while it waits (head-of-line per key); other workers and other
+// subscribers are not held.
+//
+// # Failure contract
+//
+// A handler reports failure only by returning an error; a panic is
+// recovered as a [*PanicError]. Errors are classified:
+//
+//   - a panic: code "panic", not retried unless RetryPolicy.ByCode["panic"]
+//     says so;
+//   - the subscriber's HandlerTimeout had passed when the handler returned an
+//     error: code "timeout", retryable, whatever the error;
+//   - [Permanent](err): code "permanent" (or err's own code), never retried;
+//   - [RetryAfter](err, d): code "throttled", retried no sooner than d;
+//   - an error with a method ErrorCode() string: that code, retryable;
+//   - anything else: code "error", retryable.
+//
+// A retryable failure is retried while attempts remain under the rule for
+// its code ([RetryPolicy.ByCode], else the policy's MaxRetries); attempts are
+// numbered 1, 2, 3… and never exceed MaxRetries+1 for the code. The last
+// failure goes to the dead-letter store with reason "exhausted" (or
+// "permanent" when the code is not retried at all), is counted, logged and
+// reported to the [Observer].
+//
+// # Backpressure
+//
+// Topic queues and subscriber lanes are bounded. A subscriber whose lane is
+// full holds up its topic's dispatcher, so the topic queue fills, and then
+// Publish waits at most the publish timeout (or until its context ends) and
+// returns [ErrQueueFull]. Memory stays bounded; nothing blocks forever.
+//
+// # Shutdown
+//
+// [Broker.Close] refuses new publishes, drains every queue and lane (with
+// retries) until its context ends, then cancels handler contexts, waits for
+// handlers to return and dead-letters what is unfinished with reason
+// "shutdown", returning a [*DrainError] with the count.
+// [Subscription.Unsubscribe] does the same for one subscriber with reason
+// "unsubscribed". A handler that ignores its context holds them up.
+//
+// # Observability
+//
+// [Broker.Stats] gives, per topic and subscriber, queue depths, capacities,
+// the age of the oldest waiting message and counters for which, at any
+// quiet moment, routed = delivered + deduplicated + dead-lettered + queued +
+// in flight. Logs use log/slog with the fields topic, message_id,
+// subscriber, attempt, error_code, retryable and final_state. An
+// [Observer] receives every event for metrics adapters; its hooks run on the
+// hot path and must not block.
+package broker

@@ -1,0 +1,244 @@
+package broker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/inproc/broker"
+)
+
+// quiet is a logger that writes nowhere, to keep example output stable.
+var quiet = slog.New(slog.DiscardHandler)
+
+// journal collects lines from concurrent handlers, per subscriber.
+type journal struct {
+	mu    sync.Mutex
+	lines map[string][]string
+}
+
+func (j *journal) add(sub, format string, args ...any) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.lines == nil {
+		j.lines = map[string][]string{}
+	}
+	j.lines[sub] = append(j.lines[sub], fmt.Sprintf(format, args...))
+}
+
+func (j *journal) print(subs ...string) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, s := range subs {
+		for _, l := range j.lines[s] {
+			fmt.Println(l)
+		}
+	}
+}
+
+// The article's worked example: order.created goes to billing and
+// inventory; inventory fails once and succeeds on its retry.
+func Example() {
+	b, err := broker.New(
+		broker.WithLogger(quiet),
+		broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 2, Backoff: broker.ConstantBackoff(10 * time.Millisecond)}),
+	)
+	if err != nil {
+		panic(err)
+	}
+	var j journal
+	_, _ = b.Subscribe("order.created", "billing", func(ctx context.Context, m broker.Message) error {
+		j.add("billing", "[billing] id=%s attempt=%d payload=%s ok", m.ID, m.Attempt, m.Payload)
+		return nil
+	})
+	var failed sync.Once
+	_, _ = b.Subscribe("order.created", "inventory", func(ctx context.Context, m broker.Message) error {
+		err := errors.New("temporary timeout")
+		failed.Do(func() {
+			j.add("inventory", "[inventory] id=%s attempt=%d simulated fail", m.ID, m.Attempt)
+		})
+		if m.Attempt == 1 && m.ID == "m-1" {
+			return err
+		}
+		j.add("inventory", "[inventory] id=%s attempt=%d ok", m.ID, m.Attempt)
+		return nil
+	})
+
+	ctx := context.Background()
+	_ = b.Publish(ctx, broker.Message{ID: "m-1", Topic: "order.created", Payload: []byte("order=1001")})
+	_ = b.Publish(ctx, broker.Message{ID: "m-2", Topic: "order.created", Payload: []byte("order=1002")})
+
+	// Close delivers everything queued, retries included, before it returns.
+	if err := b.Close(ctx); err != nil {
+		panic(err)
+	}
+	j.print("billing", "inventory")
+	inv := b.Stats().Topics["order.created"].Subscribers["inventory"]
+	fmt.Printf("inventory: delivered=%d attempts=%d retries=%d dead=%d\n",
+		inv.Delivered, inv.Attempts, inv.Retries, inv.DeadLettered)
+	// Output:
+	// [billing] id=m-1 attempt=1 payload=order=1001 ok
+	// [billing] id=m-2 attempt=1 payload=order=1002 ok
+	// [inventory] id=m-1 attempt=1 simulated fail
+	// [inventory] id=m-1 attempt=2 ok
+	// [inventory] id=m-2 attempt=1 ok
+	// inventory: delivered=2 attempts=3 retries=1 dead=0
+}
+
+// invalidInput is a handler error that names its own code.
+type invalidInput struct{ field string }
+
+func (e invalidInput) Error() string     { return "invalid " + e.field }
+func (e invalidInput) ErrorCode() string { return "invalid" }
+
+// The article's second worked example as configuration: timeouts are
+// retried 3 times, invalid input never, throttling 5 times with a longer
+// backoff; everything else twice.
+func ExampleRetryPolicy() {
+	policy := broker.RetryPolicy{
+		MaxRetries: 2,
+		Backoff:    broker.ExponentialBackoff(time.Millisecond, 5*time.Millisecond),
+		ByCode: map[string]broker.RetryRule{
+			broker.CodeTimeout:   {MaxRetries: 3},
+			"invalid":            {MaxRetries: 0},
+			broker.CodeThrottled: {MaxRetries: 5, Backoff: broker.ConstantBackoff(10 * time.Millisecond)},
+		},
+	}
+	b, _ := broker.New(broker.WithLogger(quiet), broker.WithRetryPolicy(policy))
+	_, _ = b.Subscribe("calls", "downstream", func(ctx context.Context, m broker.Message) error {
+		switch m.ID {
+		case "slow":
+			<-ctx.Done() // runs past HandlerTimeout: code "timeout"
+			return ctx.Err()
+		case "bad":
+			return broker.Permanent(invalidInput{"amount"})
+		case "busy":
+			return broker.RetryAfter(errors.New("429 too many requests"), 5*time.Millisecond)
+		default:
+			return errors.New("connection reset")
+		}
+	}, broker.HandlerTimeout(5*time.Millisecond))
+
+	for _, id := range []string{"slow", "bad", "busy", "other"} {
+		_ = b.Publish(context.Background(), broker.Message{ID: id, Topic: "calls"})
+	}
+	_ = b.Close(context.Background())
+
+	dls, _ := b.DeadLetters().List(context.Background(), broker.DeadLetterFilter{})
+	for _, dl := range dls {
+		fmt.Printf("%-5s code=%-9s attempts=%d reason=%s\n", dl.Message.ID, dl.ErrorCode, dl.Attempts, dl.Reason)
+	}
+	// Output:
+	// slow  code=timeout   attempts=4 reason=exhausted
+	// bad   code=invalid   attempts=1 reason=permanent
+	// busy  code=throttled attempts=6 reason=exhausted
+	// other code=error     attempts=3 reason=exhausted
+}
+
+// Reading dead letters, then redriving one to the subscriber that failed it
+// once the cause is fixed.
+func ExampleBroker_Redrive() {
+	b, _ := broker.New(broker.WithLogger(quiet), broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 0}))
+	var mu sync.Mutex
+	fixed := false
+	done := make(chan string, 1)
+	_, _ = b.Subscribe("payments", "ledger", func(ctx context.Context, m broker.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if !fixed {
+			return errors.New("ledger offline")
+		}
+		done <- fmt.Sprintf("ledger booked %s on attempt %d", m.ID, m.Attempt)
+		return nil
+	})
+	_ = b.Publish(context.Background(), broker.Message{ID: "pay-1", Topic: "payments"})
+	for b.Stats().Topics["payments"].Subscribers["ledger"].DeadLettered == 0 {
+		time.Sleep(time.Millisecond)
+	}
+
+	dls, _ := b.DeadLetters().List(context.Background(), broker.DeadLetterFilter{Subscriber: "ledger"})
+	dl := dls[0]
+	fmt.Printf("dead letter: topic=%s message_id=%s subscriber=%s attempt=%d error_code=%s error=%q\n",
+		dl.Message.Topic, dl.Message.ID, dl.Subscriber, dl.Attempts, dl.ErrorCode, dl.Error)
+
+	mu.Lock()
+	fixed = true
+	mu.Unlock()
+	n, err := b.Redrive(context.Background(), dl.ID)
+	fmt.Println("redriven:", n, err)
+	fmt.Println(<-done)
+	_ = b.Close(context.Background())
+	left, _ := b.DeadLetters().Len(context.Background())
+	fmt.Println("dead letters left:", left)
+	// Output:
+	// dead letter: topic=payments message_id=pay-1 subscriber=ledger attempt=1 error_code=error error="ledger offline"
+	// redriven: 1 <nil>
+	// ledger booked pay-1 on attempt 1
+	// dead letters left: 0
+}
+
+// The same message ID published 100 times: the side effect happens once.
+func ExampleWithIdempotencyStore() {
+	b, _ := broker.New(
+		broker.WithLogger(quiet),
+		broker.WithIdempotencyStore(broker.NewMemoryIdempotencyStore(10*time.Minute, 50_000)),
+	)
+	var charges int
+	_, _ = b.Subscribe("order.paid", "charge", func(ctx context.Context, m broker.Message) error {
+		charges++ // one worker: no data race
+		return nil
+	})
+	for range 100 {
+		_ = b.Publish(context.Background(), broker.Message{ID: "order-42", Topic: "order.paid"})
+	}
+	_ = b.Close(context.Background())
+	s := b.Stats().Topics["order.paid"].Subscribers["charge"]
+	fmt.Printf("charges=%d delivered=%d deduplicated=%d\n", charges, s.Delivered, s.Deduplicated)
+	// Output:
+	// charges=1 delivered=1 deduplicated=99
+}
+
+// Stats say where the backlog is: here a slow subscriber holds messages in
+// its lane while a fast one is done.
+func ExampleBroker_Stats() {
+	b, _ := broker.New(broker.WithLogger(quiet))
+	release := make(chan struct{})
+	_, _ = b.Subscribe("logs", "fast", func(ctx context.Context, m broker.Message) error { return nil })
+	_, _ = b.Subscribe("logs", "slow", func(ctx context.Context, m broker.Message) error {
+		<-release
+		return nil
+	})
+	for i := range 10 {
+		_ = b.Publish(context.Background(), broker.Message{ID: fmt.Sprint("log-", i), Topic: "logs"})
+	}
+	for { // wait until fast is done and slow holds all ten
+		t := b.Stats().Topics["logs"]
+		if t.Subscribers["fast"].Delivered == 10 && t.Subscribers["slow"].InFlight == 1 && t.Subscribers["slow"].Queued == 9 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	show := func() {
+		t := b.Stats().Topics["logs"]
+		fmt.Printf("published=%d queued=%d\n", t.Published, t.Queued)
+		for _, name := range []string{"fast", "slow"} {
+			s := t.Subscribers[name]
+			fmt.Printf("  %s: routed=%d delivered=%d queued=%d in_flight=%d backlog=%d\n",
+				name, s.Routed, s.Delivered, s.Queued, s.InFlight, s.Backlog())
+		}
+	}
+	show()
+	close(release)
+	_ = b.Close(context.Background())
+	show()
+	// Output:
+	// published=10 queued=0
+	//   fast: routed=10 delivered=10 queued=0 in_flight=0 backlog=0
+	//   slow: routed=10 delivered=0 queued=9 in_flight=1 backlog=10
+	// published=10 queued=0
+	//   fast: routed=10 delivered=10 queued=0 in_flight=0 backlog=0
+	//   slow: routed=10 delivered=10 queued=0 in_flight=0 backlog=0
+}
