@@ -36,7 +36,7 @@ type Broker struct {
 
 	dlPrefix string        // makes dead-letter IDs unique across brokers
 	dlSeq    atomic.Uint64 // dead-letter sequence
-	redrive  sync.Mutex    // one Redrive at a time, so a dead letter is redriven once
+	redrive  chan struct{} // holds a token while a Redrive runs, so a dead letter is redriven once
 }
 
 // New returns a running broker configured by opts. It fails with an error
@@ -67,6 +67,7 @@ func New(opts ...Option) (*Broker, error) {
 		cfg:       cfg,
 		seed:      maphash.MakeSeed(),
 		closeDone: make(chan struct{}),
+		redrive:   make(chan struct{}, 1),
 		dlPrefix:  "dl-" + hex.EncodeToString(rnd[:]) + "-",
 	}
 	b.abortCtx, b.abort = context.WithCancelCause(context.Background())
@@ -178,9 +179,10 @@ func (b *Broker) topicLocked(name string) *topic {
 // *DrainError saying how many (it unwraps to ctx's error). When Close
 // returns, every goroutine of the broker has ended and no handler runs.
 //
-// A handler that ignores its context holds Close up. Calling Close again is
-// safe: it waits for the first call to finish (or ctx to end) and returns
-// nil.
+// A handler that ignores its context holds Close up. Close must not be
+// called from a handler of this broker: it would wait for that handler to
+// return. Calling Close again is safe: it waits for the first call to
+// finish (or ctx to end) and returns nil.
 func (b *Broker) Close(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
@@ -201,8 +203,9 @@ func (b *Broker) Close(ctx context.Context) error {
 		t.q.Close()
 	}
 	drained := make(chan struct{})
-	go func() { // ends when every dispatcher and worker has
+	go func() { // ends when every dispatcher, worker and Redrive has
 		b.wg.Wait()
+		b.redrive <- struct{}{} // taken for good: later Redrives see closeDone
 		close(drained)
 	}()
 	select {
@@ -237,8 +240,14 @@ func (b *Broker) Redrive(ctx context.Context, ids ...string) (int, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	b.redrive.Lock()
-	defer b.redrive.Unlock()
+	select { // one Redrive at a time; Close waits for the running one
+	case b.redrive <- struct{}{}:
+		defer func() { <-b.redrive }()
+	case <-b.closeDone:
+		return 0, fmt.Errorf("broker: redrive: %w", ErrClosed)
+	case <-ctx.Done():
+		return 0, fmt.Errorf("broker: redrive: %w", ctx.Err())
+	}
 	var errs []error
 	n := 0
 	for _, id := range ids {

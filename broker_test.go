@@ -236,7 +236,7 @@ func TestAttemptsAndReasons(t *testing.T) {
 		wantReason   string
 		retryable    bool
 	}{
-		{"always failing, no retries", 0, errBoom, []int{1}, CodeError, ReasonPermanent, false},
+		{"always failing, no retries", 0, errBoom, []int{1}, CodeError, ReasonExhausted, true},
 		{"always failing, 1 retry", 1, errBoom, []int{1, 2}, CodeError, ReasonExhausted, true},
 		{"always failing, 3 retries", 3, errBoom, []int{1, 2, 3, 4}, CodeError, ReasonExhausted, true},
 		{"own code", 2, codedError{"db_down"}, []int{1, 2, 3}, "db_down", ReasonExhausted, true},
@@ -970,8 +970,10 @@ func TestSubscribeValidation(t *testing.T) {
 		{"empty name", "t", "", h, nil, ErrInvalidOption, "empty subscriber name"},
 		{"nil handler", "t", "s", nil, nil, ErrInvalidOption, "nil handler"},
 		{"zero concurrency", "t", "s", h, []SubscribeOption{Concurrency(0)}, ErrInvalidOption, "concurrency 0"},
+		{"huge concurrency", "t", "s", h, []SubscribeOption{Concurrency(MaxConcurrency + 1)}, ErrInvalidOption, "outside 1..65536"},
 		{"negative timeout", "t", "s", h, []SubscribeOption{HandlerTimeout(-1)}, ErrInvalidOption, "handler timeout"},
 		{"zero lane", "t", "s", h, []SubscribeOption{LaneSize(0)}, ErrInvalidOption, "lane size"},
+		{"huge lane", "t", "s", h, []SubscribeOption{LaneSize(MaxQueueSize + 1)}, ErrInvalidOption, "lane size"},
 		{"bad policy", "t", "s", h, []SubscribeOption{WithSubscriberRetryPolicy(RetryPolicy{MaxRetries: -1})}, ErrInvalidOption, "MaxRetries -1"},
 		{"bad rule", "t", "s", h, []SubscribeOption{WithSubscriberRetryPolicy(RetryPolicy{ByCode: map[string]RetryRule{"x": {MaxRetries: -2}}})}, ErrInvalidOption, `"x"`},
 	}
@@ -997,6 +999,7 @@ func TestNewValidation(t *testing.T) {
 		want string
 	}{
 		{"queue size", WithQueueSize(0), "queue size"},
+		{"huge queue size", WithQueueSize(MaxQueueSize + 1), "queue size"},
 		{"publish timeout", WithPublishTimeout(-time.Second), "publish timeout"},
 		{"retry policy", WithRetryPolicy(RetryPolicy{MaxRetries: -1}), "MaxRetries"},
 		{"empty code", WithRetryPolicy(RetryPolicy{ByCode: map[string]RetryRule{"": {}}}), "empty error code"},

@@ -50,50 +50,64 @@ type step struct {
 // dead-lettered with that reason instead of being retried.
 func (p *pipeline) deliver(ctx context.Context, env *envelope) {
 	msg := &env.msg
-	if ctx.Err() != nil {
-		p.rec.deadLetter(msg, 0, abortCode(ctx), false, abortReason(ctx), context.Cause(ctx))
-		return
-	}
 	if p.guard != nil {
 		p.guard.acquire(msg.ID)
 		defer p.guard.release(msg.ID)
 	}
 	key := DeliveryKey{Topic: p.topic, Subscriber: p.subscriber, MessageID: msg.ID}
-	if p.dedup != nil && !env.redrive {
-		seen, err := p.dedup.Seen(ctx, key)
-		if err != nil {
-			p.log.LogAttrs(ctx, slog.LevelError, "broker: idempotency store Seen failed; delivering anyway",
-				slog.String("topic", p.topic), slog.String("message_id", msg.ID),
-				slog.String("subscriber", p.subscriber), slog.String("error", err.Error()))
-		}
-		if seen {
-			p.rec.deduplicated(msg)
+	if p.dedup != nil && !env.redrive && p.seen(key) {
+		p.rec.deduplicated(msg)
+		return
+	}
+	var last step // the failure that scheduled the current retry
+	for msg.Attempt = 1; ; msg.Attempt++ {
+		if ctx.Err() != nil {
+			// Stopped at once: no new attempt starts. The dead letter shows
+			// the message as last delivered, with that attempt's failure
+			// (whose event was already emitted).
+			msg.Attempt--
+			if msg.Attempt == 0 {
+				p.rec.deadLetter(msg, 0, abortCode(ctx), false, abortReason(ctx), context.Cause(ctx), false)
+			} else {
+				p.rec.deadLetter(msg, 0, last.code, last.retryable, abortReason(ctx), last.err, false)
+			}
 			return
 		}
-	}
-	for msg.Attempt = 1; ; msg.Attempt++ {
 		s := p.attempt(ctx, msg)
 		switch s.outcome {
 		case OutcomeDelivered:
 			if p.dedup != nil {
 				if err := p.dedup.Record(context.Background(), key); err != nil {
-					p.log.LogAttrs(ctx, slog.LevelError, "broker: idempotency store Record failed",
-						slog.String("topic", p.topic), slog.String("message_id", msg.ID),
-						slog.String("subscriber", p.subscriber), slog.String("error", err.Error()))
+					p.logStoreError("Record", msg, err)
 				}
 			}
 			p.rec.delivered(msg, s.took)
 			return
 		case OutcomeDeadLettered:
-			p.rec.deadLetter(msg, s.took, s.code, s.retryable, s.reason, s.err)
+			p.rec.deadLetter(msg, s.took, s.code, s.retryable, s.reason, s.err, true)
 			return
 		}
 		p.rec.retrying(msg, s.took, s.code, s.delay, s.err)
-		if !sleep(ctx, s.delay) {
-			p.rec.deadLetter(msg, 0, s.code, s.retryable, abortReason(ctx), s.err)
-			return
-		}
+		last = s
+		sleep(ctx, s.delay) // cut short when ctx ends; the check above handles it
 	}
+}
+
+// seen asks the idempotency store whether key was delivered. A store error
+// counts as "not seen": a duplicate is within the contract, a loss is not.
+// The store gets a context that shutdown does not cancel.
+func (p *pipeline) seen(key DeliveryKey) bool {
+	seen, err := p.dedup.Seen(context.Background(), key)
+	if err != nil {
+		p.logStoreError("Seen", &Message{ID: key.MessageID}, err)
+	}
+	return seen
+}
+
+func (p *pipeline) logStoreError(op string, msg *Message, err error) {
+	p.log.LogAttrs(context.Background(), slog.LevelError, "broker: idempotency store "+op+" failed",
+		slog.String("topic", p.topic), slog.String("message_id", msg.ID),
+		slog.String("subscriber", p.subscriber), slog.String("error", err.Error()))
 }
 
 // attempt runs the handler once for msg (msg.Attempt set) and decides what
@@ -149,26 +163,32 @@ func (p *pipeline) safeCall(ctx context.Context, msg Message) (err error) {
 	return p.handler(ctx, msg)
 }
 
-// sleep waits d, or until ctx ends (false).
-func sleep(ctx context.Context, d time.Duration) bool {
+// sleep waits d, or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
 	if d <= 0 {
-		return ctx.Err() == nil
+		return
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return true
 	case <-ctx.Done():
-		return false
 	}
 }
 
-// Causes of a subscription's context being cancelled.
+// Causes of a subscription's context being cancelled. errReleased marks a
+// subscription that finished gracefully: nothing was cut off.
 var (
 	errShutdown     = errors.New("broker: closed before the message was finished")
 	errUnsubscribed = errors.New("broker: unsubscribed before the message was finished")
+	errReleased     = errors.New("broker: subscription ended")
 )
+
+// stoppedAtOnce reports that ctx, a subscription's context, was cancelled
+// by a Close or Unsubscribe whose own context ended.
+func stoppedAtOnce(ctx context.Context) bool {
+	return ctx.Err() != nil && context.Cause(ctx) != errReleased
+}
 
 // abortReason is the dead-letter reason for a message cut off by ctx.
 func abortReason(ctx context.Context) string {

@@ -48,7 +48,7 @@ type SubscriberStats struct {
 	Routed       uint64 // messages handed to this subscriber (dispatches, redrives included)
 	Delivered    uint64 // messages whose handler returned nil
 	Attempts     uint64 // handler calls
-	Retries      uint64 // attempts that were followed by a retry
+	Retries      uint64 // failed attempts scheduled for a retry (a retry cut off by shutdown included)
 	DeadLettered uint64 // messages put into the dead-letter store
 	Deduplicated uint64 // messages skipped because their ID was already delivered
 	// DeadLetterErrors counts dead letters the store refused (Put returned an
@@ -69,7 +69,8 @@ func (s SubscriberStats) FailureRate() float64 {
 }
 
 // Backlog is the topic's unfinished work: its queue plus every subscriber's
-// Backlog (a message waiting for two subscribers counts twice).
+// Backlog (a message waiting for two subscribers counts twice, and one being
+// routed right now may count in both the queue and a lane).
 func (t TopicStats) Backlog() int {
 	n := t.Queued
 	for _, s := range t.Subscribers {
@@ -254,8 +255,9 @@ func (r *recorder) retrying(msg *Message, d time.Duration, code string, delay ti
 }
 
 // deadLetter puts msg into the store, then counts it; the dead letter is in
-// the store before it is counted.
-func (r *recorder) deadLetter(msg *Message, d time.Duration, code string, retryable bool, reason string, err error) {
+// the store before it is counted. attempted says that msg.Attempt just ran
+// and has no event yet.
+func (r *recorder) deadLetter(msg *Message, d time.Duration, code string, retryable bool, reason string, err error, attempted bool) {
 	dl := DeadLetter{
 		ID:         r.newID(),
 		Message:    *msg,
@@ -275,7 +277,7 @@ func (r *recorder) deadLetter(msg *Message, d time.Duration, code string, retrya
 	}
 	r.c.deadLettered.Add(1)
 	r.onDeadLetter(reason)
-	if msg.Attempt > 0 {
+	if attempted {
 		r.attempted(msg, d, code, retryable, OutcomeDeadLettered, 0, err)
 	}
 	if r.obs != nil {

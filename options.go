@@ -6,10 +6,11 @@ import (
 	"time"
 )
 
-// Defaults of the broker's options.
+// Defaults and limits of the broker's options.
 const (
 	DefaultQueueSize      = 1024                   // per-topic queue, and per-subscriber lane, capacity
 	DefaultPublishTimeout = 500 * time.Millisecond // longest Publish waits for room
+	MaxQueueSize          = 1 << 30                // largest queue or lane capacity
 )
 
 // Option configures a Broker in New. An option given a bad value makes New
@@ -37,11 +38,12 @@ func defaultConfig() config {
 }
 
 // WithQueueSize sets the capacity of each topic queue and the default
-// capacity of each subscriber lane (n >= 1; default DefaultQueueSize).
+// capacity of each subscriber lane (1 <= n <= MaxQueueSize; default
+// DefaultQueueSize). Queues grow to their capacity as they fill.
 func WithQueueSize(n int) Option {
 	return func(c *config) error {
-		if n < 1 {
-			return fmt.Errorf("%w: queue size %d < 1", ErrInvalidOption, n)
+		if n < 1 || n > MaxQueueSize {
+			return fmt.Errorf("%w: queue size %d outside 1..%d", ErrInvalidOption, n, MaxQueueSize)
 		}
 		c.queueSize = n
 		return nil
@@ -130,13 +132,16 @@ type subConfig struct {
 	policy      *RetryPolicy
 }
 
-// Concurrency sets how many workers run the subscriber's handler (n >= 1;
-// default 1). Messages with the same Key (or, without a Key, the same ID)
-// always go to the same worker, in order.
+// MaxConcurrency is the most workers one subscriber may have.
+const MaxConcurrency = 1 << 16
+
+// Concurrency sets how many workers run the subscriber's handler
+// (1 <= n <= MaxConcurrency; default 1). Messages with the same Key (or,
+// without a Key, the same ID) always go to the same worker, in order.
 func Concurrency(n int) SubscribeOption {
 	return func(c *subConfig) error {
-		if n < 1 {
-			return fmt.Errorf("%w: concurrency %d < 1", ErrInvalidOption, n)
+		if n < 1 || n > MaxConcurrency {
+			return fmt.Errorf("%w: concurrency %d outside 1..%d", ErrInvalidOption, n, MaxConcurrency)
 		}
 		c.concurrency = n
 		return nil
@@ -144,12 +149,13 @@ func Concurrency(n int) SubscribeOption {
 }
 
 // LaneSize sets the capacity of the subscriber's lane, the messages routed
-// to it and not yet taken by a worker (n >= 1; default the broker's queue
-// size). With Concurrency(k) each worker holds ceil(n/k) of them.
+// to it and not yet taken by a worker (1 <= n <= MaxQueueSize; default the
+// broker's queue size). With Concurrency(k) each worker holds ceil(n/k) of
+// them.
 func LaneSize(n int) SubscribeOption {
 	return func(c *subConfig) error {
-		if n < 1 {
-			return fmt.Errorf("%w: lane size %d < 1", ErrInvalidOption, n)
+		if n < 1 || n > MaxQueueSize {
+			return fmt.Errorf("%w: lane size %d outside 1..%d", ErrInvalidOption, n, MaxQueueSize)
 		}
 		c.laneSize = n
 		return nil

@@ -142,24 +142,32 @@ func (p RetryPolicy) normalized() RetryPolicy {
 
 // verdict is the policy's decision about one failed attempt.
 type verdict struct {
-	retryable bool          // the policy allows retries for this failure at all
+	retryable bool          // the failure's kind may be retried under this policy
 	retry     bool          // retry now (attempts remain)
 	delay     time.Duration // wait before the retry
 }
 
 // decide applies a normalized policy to the failure f of attempt number
-// attempt (1 for the first). Attempts stay within 1..rule.MaxRetries+1.
+// attempt (1 for the first). Attempts stay within 1..MaxRetries+1 of the
+// rule that applies to f's code.
+//
+// A failure is retryable unless it is Permanent, a panic without a rule, or
+// its code has a rule with MaxRetries 0 (the code is declared not worth
+// retrying). A retryable failure whose attempts are used up — including
+// under a policy-wide MaxRetries of 0 — is "exhausted", not "permanent".
 func (p *RetryPolicy) decide(f failure, attempt int) verdict {
 	if f.permanent {
 		return verdict{}
 	}
 	maxRetries, backoff := p.MaxRetries, p.Backoff
+	retryable := true
 	if r, ok := p.ByCode[f.code]; ok {
 		maxRetries, backoff = r.MaxRetries, r.Backoff
+		retryable = maxRetries > 0
 	} else if f.code == CodePanic {
-		maxRetries = 0
+		return verdict{}
 	}
-	v := verdict{retryable: maxRetries > 0, retry: attempt <= maxRetries}
+	v := verdict{retryable: retryable, retry: retryable && attempt <= maxRetries}
 	if v.retry {
 		v.delay = max(backoff(attempt), f.after, 0)
 	}
@@ -191,7 +199,7 @@ func classify(err error, timedOut bool) failure {
 	}
 	if pe, ok := errors.AsType[*permanentError](err); ok {
 		code := CodePermanent
-		if c, ok := errors.AsType[coder](pe.err); ok {
+		if c, ok := errors.AsType[coder](pe.err); ok && c.ErrorCode() != "" {
 			code = c.ErrorCode()
 		}
 		return failure{code: code, permanent: true}

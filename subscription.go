@@ -89,7 +89,10 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 		done:     make(chan struct{}),
 		unsubbed: make(chan struct{}),
 	}
-	per := (sc.laneSize + sc.concurrency - 1) / sc.concurrency
+	per := sc.laneSize / sc.concurrency
+	if sc.laneSize%sc.concurrency != 0 {
+		per++
+	}
 	for i := range s.lanes {
 		s.lanes[i] = queue.New[envelope](per)
 	}
@@ -171,7 +174,7 @@ func (s *Subscription) route(env *envelope, cancel <-chan struct{}, deadline <-c
 	if err == queue.ErrFull {
 		err = lane.PushWait(*env, s.ctx.Done(), cancel, deadline)
 	}
-	if err != nil && err != queue.ErrTimeout && s.ctx.Err() != nil {
+	if err != nil && err != queue.ErrTimeout && stoppedAtOnce(s.ctx) {
 		// Stopped at once while this message was on its way: it is this
 		// subscriber's, so it ends as a dead letter rather than vanishing.
 		s.c.inFlight.Add(1)
@@ -218,7 +221,9 @@ func (s *Subscription) fill(st *SubscriberStats, now time.Time) {
 // dead-letters every unfinished message with reason "unsubscribed",
 // returning a *DrainError that says how many. When it returns, no handler of
 // this subscription runs and its name is free on the topic. A handler that
-// ignores its context holds Unsubscribe up.
+// ignores its context holds Unsubscribe up, and Unsubscribe must not be
+// called from one of this subscription's handlers: it would wait for that
+// handler to return (start it in a goroutine instead).
 //
 // Calling Unsubscribe again, or after Close, is safe: it waits for the first
 // call to finish (or ctx to end) and returns nil.
@@ -247,7 +252,7 @@ func (s *Subscription) Unsubscribe(ctx context.Context) error {
 		s.cancel(errUnsubscribed)
 		<-s.done
 	}
-	s.cancel(errUnsubscribed) // release the context's resources
+	s.cancel(errReleased) // no-op after an abort; else marks a graceful end
 	t.mu.Lock()
 	if t.active[s.name] == s {
 		delete(t.active, s.name)

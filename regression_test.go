@@ -1,0 +1,173 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Regression tests for defects an independent review found in the first
+// version; each failed before its fix.
+
+// A dispatcher blocked on another subscriber's full lane still holds a
+// routing snapshot with a subscriber that has since unsubscribed gracefully:
+// the message must simply not be routed to it, not be dead-lettered.
+func TestGracefulUnsubscribeLeavesNoDeadLetter(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithQueueSize(1))
+		release := make(chan struct{})
+		_, err := b.Subscribe("t", "a", func(ctx context.Context, m Message) error {
+			<-release
+			return nil
+		}, LaneSize(1))
+		require.NoError(t, err)
+		var got calls
+		s, err := b.Subscribe("t", "s", okHandler(&got))
+		require.NoError(t, err)
+		for i := range 3 { // a: one running, one in its lane, the dispatcher waits on a with m-2
+			require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprintf("m-%d", i), Topic: "t"}))
+			idle()
+		}
+		require.NoError(t, s.Unsubscribe(context.Background()))
+		close(release)
+		idle()
+		assert.Empty(t, deadLetters(t, b))
+		ss := subStats(t, b, "t", "s")
+		assert.Equal(t, ss.Routed, ss.Delivered)
+		requireConserved(t, b.Stats())
+	})
+}
+
+// Workers waiting for another worker to finish the same ID must not start
+// the handler once Close has stopped the subscription.
+func TestNoHandlerStartsAfterAbort(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t)
+		var runs atomic.Int32
+		_, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
+			runs.Add(1)
+			<-ctx.Done()
+			return ctx.Err()
+		}, Concurrency(4))
+		require.NoError(t, err)
+		for i := range 20 { // one ID, many keys: several workers wait for the first
+			require.NoError(t, b.Publish(context.Background(), Message{ID: "x", Topic: "t", Key: fmt.Sprint("k", i)}))
+		}
+		idle()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		err = b.Close(ctx)
+		var de *DrainError
+		require.ErrorAs(t, err, &de)
+		assert.Equal(t, 20, de.DeadLettered)
+		assert.Equal(t, int32(1), runs.Load(), "only the first delivery ran")
+	})
+}
+
+// A duplicate of a delivered message that Close cuts off is deduplicated,
+// not dead-lettered (a redrive would run it twice).
+func TestAbortedDuplicateIsDeduplicated(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t)
+		_, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
+			if m.ID == "block" {
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		for _, id := range []string{"m", "block", "m"} {
+			require.NoError(t, b.Publish(context.Background(), Message{ID: id, Topic: "t"}))
+		}
+		idle()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		require.Error(t, b.Close(ctx))
+		dls := deadLetters(t, b)
+		require.Len(t, dls, 1)
+		assert.Equal(t, "block", dls[0].Message.ID)
+		assert.Equal(t, uint64(1), subStats(t, b, "t", "s").Deduplicated)
+	})
+}
+
+// A retry cut off by Close while it waits out its backoff gives one attempt
+// event, and the dead letter keeps that attempt's failure.
+func TestRetryCutOffInBackoff(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		var log eventLog
+		b := newTestBroker(t, WithObserver(&log), WithRetryPolicy(RetryPolicy{MaxRetries: 3, Backoff: ConstantBackoff(10 * time.Second)}))
+		_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return codedError{"db"} })
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t"}))
+		idle()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		require.Error(t, b.Close(ctx))
+		dls := deadLetters(t, b)
+		require.Len(t, dls, 1)
+		assert.Equal(t, 1, dls[0].Attempts)
+		assert.Equal(t, 1, dls[0].Message.Attempt)
+		assert.Equal(t, "db", dls[0].ErrorCode)
+		assert.Equal(t, ReasonShutdown, dls[0].Reason)
+		attempts := 0
+		for _, e := range log.events {
+			if len(e) > 7 && e[:7] == "attempt" {
+				attempts++
+			}
+		}
+		assert.Equal(t, 1, attempts, "one event per attempt: %v", log.events)
+		assert.Equal(t, uint64(1), subStats(t, b, "t", "s").Attempts)
+	})
+}
+
+// Redrive racing Close: whatever Redrive routes is finished (or
+// dead-lettered) before Close returns and is in Close's count.
+func TestRedriveDuringClose(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{}))
+		var fail atomic.Bool
+		fail.Store(true)
+		_, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
+			if fail.Load() {
+				return errBoom
+			}
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 3)
+		idle()
+		fail.Store(false)
+		var ids []string
+		for _, dl := range deadLetters(t, b) {
+			ids = append(ids, dl.ID)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = b.Redrive(context.Background(), ids...)
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		err = b.Close(ctx)
+		<-done
+		shutdown := 0
+		for _, dl := range deadLetters(t, b) {
+			if dl.Reason == ReasonShutdown {
+				shutdown++
+			}
+		}
+		var de *DrainError
+		if shutdown > 0 {
+			require.ErrorAs(t, err, &de)
+			assert.Equal(t, shutdown, de.DeadLettered)
+		}
+		requireConserved(t, b.Stats())
+	})
+}
