@@ -8,7 +8,6 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"os"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -37,7 +36,7 @@ import (
 // and Close deadlines cost nothing, and every run's timing is exact.
 var (
 	chaosSeed     = flag.Uint64("chaos.seed", 0, "run only this chaos seed")
-	chaosRuns     = flag.Int("chaos.runs", 40, "chaos runs in the default mode")
+	chaosRuns     = flag.Int("chaos.runs", 150, "chaos runs in the default mode")
 	chaosDuration = flag.Duration("chaos.duration", 0, "run random chaos seeds for this long (soak)")
 )
 
@@ -511,8 +510,19 @@ func (r *chaosRun) verify() {
 	for _, dl := range r.dls {
 		dead[key{dl.Message.Topic, dl.Subscriber, dl.Message.ID}]++
 		deadBySub[dl.Message.Topic+"/"+dl.Subscriber]++
+		sub := r.sub(dl.Message.Topic, dl.Subscriber)
 		switch dl.Reason {
-		case ReasonExhausted, ReasonPermanent, ReasonShutdown, ReasonUnsubscribed:
+		case ReasonExhausted: // every allowed attempt was made for the last code
+			if want := maxRetriesFor(sub.policy, dl.ErrorCode) + 1; dl.Attempts < want || !dl.Retryable {
+				t.Errorf("dead letter %s/%s %s: exhausted after %d attempts with code %q (retryable %v), policy allows %d",
+					dl.Message.Topic, dl.Subscriber, dl.Message.ID, dl.Attempts, dl.ErrorCode, dl.Retryable, want)
+			}
+		case ReasonPermanent: // the last failure was not retryable
+			if dl.Retryable || (dl.ErrorCode != CodePermanent && dl.ErrorCode != CodePanic && maxRetriesFor(sub.policy, dl.ErrorCode) > 0) {
+				t.Errorf("dead letter %s/%s %s: permanent with code %q (retryable %v)",
+					dl.Message.Topic, dl.Subscriber, dl.Message.ID, dl.ErrorCode, dl.Retryable)
+			}
+		case ReasonShutdown, ReasonUnsubscribed:
 		default:
 			t.Errorf("dead letter %s has reason %q", dl.ID, dl.Reason)
 		}
@@ -613,8 +623,10 @@ func (r *chaosRun) verifyAttempts() {
 				r.t.Errorf("%s/%s %s: attempt %d does not follow attempt %d", c.topic, c.name, c.id, c.attempt, prev.attempt)
 			case prev.returnedNil:
 				r.t.Errorf("%s/%s %s: retried after success", c.topic, c.name, c.id)
-			case prev.behaviour == "permanent" && prev.attempt <= 0+s.maxAttempts && s.timeout == 0:
+			case prev.behaviour == "permanent":
 				r.t.Errorf("%s/%s %s: a permanent error was retried", c.topic, c.name, c.id)
+			case prev.behaviour == "panic" && !hasRule(s.policy, CodePanic):
+				r.t.Errorf("%s/%s %s: a panic was retried without a rule for it", c.topic, c.name, c.id)
 			}
 		}
 		last[k] = c
@@ -653,5 +665,17 @@ func (r *chaosRun) verifyOrder() {
 		}
 		lastSeq[g][orderKey] = c.pseq
 	}
-	_ = sort.Ints
+}
+
+// maxRetriesFor is how many retries p allows after a failure with code.
+func maxRetriesFor(p RetryPolicy, code string) int {
+	if r, ok := p.ByCode[code]; ok {
+		return r.MaxRetries
+	}
+	return p.MaxRetries
+}
+
+func hasRule(p RetryPolicy, code string) bool {
+	_, ok := p.ByCode[code]
+	return ok
 }
