@@ -1,0 +1,174 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Fuzz targets. Their seed corpora live in testdata/fuzz; CI runs each for
+// a few seconds:
+//
+//	go test -run '^$' -fuzz '^FuzzMessageValidation$' -fuzztime 10s .
+
+// FuzzMessageValidation: Publish never panics; a message without ID or
+// Topic is refused with ErrInvalidMessage, any other is accepted (or meets
+// a full queue); Subscribe refuses bad arguments with ErrInvalidOption.
+func FuzzMessageValidation(f *testing.F) {
+	f.Add("m-1", "orders", "k", []byte("payload"), "billing", 1, 16, int64(0))
+	f.Add("", "orders", "", []byte(nil), "", 0, 0, int64(-1))
+	f.Add("m", "", "k", []byte{0}, "s", -5, -1, int64(time.Second))
+	f.Add("\x00", "\xff", "\u2028", []byte("x"), "\x00", math.MaxInt32, math.MaxInt32, int64(math.MaxInt64))
+	b, err := New(WithLogger(discard), WithPublishTimeout(0), WithQueueSize(8))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = b.Close(context.Background()) })
+	f.Fuzz(func(t *testing.T, id, topic, key string, payload []byte, name string, concurrency, lane int, timeout int64) {
+		err := b.Publish(context.Background(), Message{ID: id, Topic: topic, Key: key, Payload: payload})
+		switch {
+		case id == "" || topic == "":
+			if !errors.Is(err, ErrInvalidMessage) {
+				t.Fatalf("Publish(id %q, topic %q) = %v, want ErrInvalidMessage", id, topic, err)
+			}
+			if !strings.Contains(err.Error(), "empty") {
+				t.Fatalf("error %q does not say what is wrong", err)
+			}
+		case err != nil && !errors.Is(err, ErrQueueFull):
+			t.Fatalf("Publish(id %q, topic %q) = %v", id, topic, err)
+		}
+
+		valid := topic != "" && name != "" && concurrency >= 1 && concurrency <= MaxConcurrency &&
+			lane >= 1 && lane <= MaxQueueSize && timeout >= 0
+		if concurrency > 64 { // keep each input cheap: big but valid values are covered by tests
+			concurrency = 64
+		}
+		sub, err := b.Subscribe(topic, name, func(context.Context, Message) error { return nil },
+			Concurrency(concurrency), LaneSize(lane), HandlerTimeout(time.Duration(timeout)))
+		if !valid {
+			if !errors.Is(err, ErrInvalidOption) {
+				t.Fatalf("Subscribe(%q, %q, concurrency %d, lane %d, timeout %d) = %v, want ErrInvalidOption",
+					topic, name, concurrency, lane, timeout, err)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("Subscribe(%q, %q, concurrency %d, lane %d, timeout %d) = %v", topic, name, concurrency, lane, timeout, err)
+		}
+		if err := sub.Unsubscribe(context.Background()); err != nil {
+			t.Fatalf("Unsubscribe: %v", err)
+		}
+	})
+}
+
+// FuzzBackoff: no negative or overflowed delay for any attempt number, the
+// cap is honoured, jitter stays within [d/2, d], and the policy's decision
+// keeps attempts within the rule's bound.
+func FuzzBackoff(f *testing.F) {
+	f.Add(int64(50*time.Millisecond), int64(5*time.Second), 1, 2, int64(0))
+	f.Add(int64(1), int64(math.MaxInt64), 63, 0, int64(-1))
+	f.Add(int64(-1), int64(-1), -1, -1, int64(math.MaxInt64))
+	f.Add(int64(math.MaxInt64), int64(1), math.MaxInt, math.MaxInt32, int64(time.Hour))
+	f.Fuzz(func(t *testing.T, base, maxD int64, retry, maxRetries int, after int64) {
+		b, m := time.Duration(base), time.Duration(maxD)
+		d := ExponentialBackoff(b, m)(retry)
+		if d < 0 {
+			t.Fatalf("ExponentialBackoff(%v, %v)(%d) = %v < 0", b, m, retry, d)
+		}
+		if b <= 0 {
+			if d != 0 {
+				t.Fatalf("non-positive base gave %v", d)
+			}
+		} else {
+			capD := max(m, b)
+			if d > capD {
+				t.Fatalf("ExponentialBackoff(%v, %v)(%d) = %v above the cap %v", b, m, retry, d, capD)
+			}
+			full := exponential(b, capD, retry)
+			if full <= 0 || full > capD || d < full-full/2 || d > full {
+				t.Fatalf("retry %d: delay %v outside [%v, %v]", retry, d, full-full/2, full)
+			}
+		}
+		if c := ConstantBackoff(m)(retry); c < 0 {
+			t.Fatalf("ConstantBackoff(%v) = %v", m, c)
+		}
+
+		p := RetryPolicy{MaxRetries: maxRetries, Backoff: ExponentialBackoff(b, m)}
+		if err := p.validate(); (err != nil) != (maxRetries < 0) {
+			t.Fatalf("validate(MaxRetries %d) = %v", maxRetries, err)
+		}
+		if maxRetries < 0 {
+			return
+		}
+		p = p.normalized()
+		attempt := max(retry, 1)
+		v := p.decide(failure{code: CodeThrottled, after: time.Duration(after)}, attempt)
+		if v.delay < 0 {
+			t.Fatalf("decide: negative delay %v", v.delay)
+		}
+		if v.retry != (attempt <= maxRetries) {
+			t.Fatalf("decide(attempt %d, MaxRetries %d) retry = %v", attempt, maxRetries, v.retry)
+		}
+		if v.retry && after > 0 && v.delay < time.Duration(after) {
+			t.Fatalf("RetryAfter %v not honoured: delay %v", time.Duration(after), v.delay)
+		}
+	})
+}
+
+// FuzzDeadLetterQuery: List returns exactly the matching dead letters,
+// oldest first, at most Limit; a negative Limit is an error, never a panic.
+func FuzzDeadLetterQuery(f *testing.F) {
+	f.Add([]byte("aabbcab"), "a", "", "", 0, 3)
+	f.Add([]byte{}, "", "", "", -1, 1)
+	f.Add([]byte("abcabcabcabc"), "b", "c", "a", 2, 5)
+	f.Add([]byte("zzzz"), "z", "z", "z", math.MaxInt32, 0)
+	f.Fuzz(func(t *testing.T, script []byte, topic, sub, code string, limit, capacity int) {
+		capacity = max(1, min(capacity, 64))
+		s := NewMemoryDeadLetterStore(capacity, discard)
+		ctx := context.Background()
+		field := func(c byte) string { return string(rune('a' + c%3)) }
+		var all []DeadLetter
+		for i, c := range script {
+			dl := DeadLetter{ID: string(rune('A'+i%26)) + field(c) + string(rune('0'+i/26)),
+				Message: Message{ID: "m", Topic: field(c)}, Subscriber: field(c >> 2), ErrorCode: field(c >> 4)}
+			if err := s.Put(ctx, dl); err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, dl)
+			if len(all) > capacity {
+				all = all[1:]
+			}
+		}
+		f := DeadLetterFilter{Topic: topic, Subscriber: sub, ErrorCode: code, Limit: limit}
+		got, err := s.List(ctx, f)
+		if limit < 0 {
+			if !errors.Is(err, ErrInvalidOption) {
+				t.Fatalf("List(Limit %d) = %v, want ErrInvalidOption", limit, err)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want []DeadLetter
+		for _, dl := range all {
+			if f.Match(dl) && (limit == 0 || len(want) < limit) {
+				want = append(want, dl)
+			}
+		}
+		if len(got) != len(want) {
+			t.Fatalf("List(%+v) returned %d, want %d", f, len(got), len(want))
+		}
+		for i := range got {
+			if got[i].ID != want[i].ID {
+				t.Fatalf("List(%+v)[%d] = %s, want %s (oldest first)", f, i, got[i].ID, want[i].ID)
+			}
+		}
+		if n, _ := s.Len(ctx); n != len(all) {
+			t.Fatalf("Len = %d, want %d (capacity %d)", n, len(all), capacity)
+		}
+	})
+}
