@@ -35,45 +35,51 @@ type IdempotencyStore interface {
 	Record(ctx context.Context, k DeliveryKey) error
 }
 
-// dedupShards bounds lock contention: keys spread over this many shards.
-const dedupShards = 16
-
 // MemoryIdempotencyStore is the default IdempotencyStore: an in-memory
-// window bounded both in time (an entry expires window after it was
-// recorded) and in entries (when full, the oldest entry of the key's shard is
-// forgotten first). It is sharded by message ID so concurrent subscribers
-// rarely share a lock. It is safe for concurrent use.
+// window bounded both in time (an entry is remembered for window after it
+// was recorded) and in entries (a fixed table allocated once). It is safe
+// for concurrent use.
+//
+// The table is set-associative with two choices: a key's hash picks two
+// buckets of four entries (one cache line each); a lookup checks both, and a
+// new entry takes an empty or expired slot of either, or else replaces the
+// oldest of the eight. So a lookup touches two cache lines and allocates
+// nothing, and the bound is exact. The price: an entry can be forgotten
+// before its window ends when the table is nearly full — a duplicate then
+// gets through, which at-least-once allows, while a message is never taken
+// for a duplicate it is not. Keys are kept as 128-bit hashes of (topic,
+// subscriber, message ID) with per-store random seeds: two distinct keys
+// look alike with a probability of about 2^-125 per lookup.
 type MemoryIdempotencyStore struct {
-	window time.Duration
-	seed   maphash.Seed
-	shards []dedupShard
+	window       time.Duration
+	epoch        time.Time // monotonic base for expiry times
+	seedA, seedB maphash.Seed
+	buckets      []dedupBucket
+	locks        [dedupLocks]paddedMutex // lock i guards buckets b with b%dedupLocks == i
 }
 
 var _ IdempotencyStore = (*MemoryIdempotencyStore)(nil)
 
-type dedupShard struct {
-	mu    sync.Mutex                 // guards the fields below
-	limit int                        // entries this shard keeps at most
-	m     map[DeliveryKey]dedupEntry // live entries
-	fifo  []dedupRecord              // record order, oldest at head; may hold stale records
-	head  int                        // index of the oldest record in fifo
-	seq   uint64                     // sequence of the last record
+const (
+	dedupWays  = 4  // entries per bucket: 4 × 16 bytes is one cache line
+	dedupLocks = 64 // lock stripes
+)
+
+// dedupBucket holds up to dedupWays entries; a zero tag is an empty slot.
+type dedupBucket [dedupWays]struct {
+	tag     uint64 // second hash of the key, never 0
+	expires int64  // ns since the store's epoch
 }
 
-type dedupEntry struct {
-	expires int64  // unix nanoseconds
-	seq     uint64 // the record in fifo that owns this entry
-}
-
-type dedupRecord struct {
-	key     DeliveryKey
-	seq     uint64
-	expires int64
+type paddedMutex struct {
+	sync.Mutex
+	_ [cacheLine - 8]byte
 }
 
 // NewMemoryIdempotencyStore returns a store remembering delivered IDs for
 // window (DefaultDedupWindow if <= 0), at most maxEntries of them
-// (DefaultDedupEntries if <= 0).
+// (DefaultDedupEntries if <= 0; rounded up to a multiple of four, and at
+// least eight).
 func NewMemoryIdempotencyStore(window time.Duration, maxEntries int) *MemoryIdempotencyStore {
 	if window <= 0 {
 		window = DefaultDedupWindow
@@ -81,82 +87,134 @@ func NewMemoryIdempotencyStore(window time.Duration, maxEntries int) *MemoryIdem
 	if maxEntries <= 0 {
 		maxEntries = DefaultDedupEntries
 	}
-	n := dedupShards
-	for n > 1 && n > maxEntries {
-		n /= 2
+	return &MemoryIdempotencyStore{
+		window: window, epoch: time.Now(),
+		seedA: maphash.MakeSeed(), seedB: maphash.MakeSeed(),
+		buckets: make([]dedupBucket, max((maxEntries+dedupWays-1)/dedupWays, 2)),
 	}
-	s := &MemoryIdempotencyStore{window: window, seed: maphash.MakeSeed(), shards: make([]dedupShard, n)}
-	for i := range s.shards {
-		s.shards[i].limit = maxEntries / n
-		s.shards[i].m = make(map[DeliveryKey]dedupEntry)
-	}
-	return s
 }
 
-func (s *MemoryIdempotencyStore) shard(k *DeliveryKey) *dedupShard {
-	return &s.shards[maphash.String(s.seed, k.MessageID)%uint64(len(s.shards))]
+// slot is where a key may live: two distinct buckets and its tag.
+type slot struct {
+	i, j int
+	tag  uint64
 }
+
+func (s *MemoryIdempotencyStore) locate(k *DeliveryKey) slot {
+	a := maphash.Comparable(s.seedA, *k)
+	n := uint64(len(s.buckets))
+	i := a % n
+	j := (a >> 32) % (n - 1) // a second bucket, different from i
+	if j >= i {
+		j++
+	}
+	return slot{i: int(i), j: int(j), tag: maphash.Comparable(s.seedB, *k) | 1}
+}
+
+// stripes returns the locks of both buckets, in locking order; b is nil
+// when both buckets share a stripe.
+func (s *MemoryIdempotencyStore) stripes(sl slot) (a, b *paddedMutex) {
+	x, y := sl.i%dedupLocks, sl.j%dedupLocks
+	switch {
+	case x == y:
+		return &s.locks[x], nil
+	case x > y:
+		x, y = y, x
+	}
+	return &s.locks[x], &s.locks[y]
+}
+
+func lock2(a, b *paddedMutex) {
+	a.Lock()
+	if b != nil {
+		b.Lock()
+	}
+}
+
+func unlock2(a, b *paddedMutex) {
+	if b != nil {
+		b.Unlock()
+	}
+	a.Unlock()
+}
+
+// now is the time since the store's epoch, from the monotonic clock.
+func (s *MemoryIdempotencyStore) now() int64 { return int64(time.Since(s.epoch)) }
 
 // Seen reports whether k was recorded within the window.
 func (s *MemoryIdempotencyStore) Seen(_ context.Context, k DeliveryKey) (bool, error) {
-	now := time.Now().UnixNano()
-	sh := s.shard(&k)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e, ok := sh.m[k]
-	if ok && now >= e.expires {
-		delete(sh.m, k)
-		ok = false
+	sl := s.locate(&k)
+	now := s.now()
+	la, lb := s.stripes(sl)
+	lock2(la, lb)
+	defer unlock2(la, lb)
+	for _, bi := range [2]int{sl.i, sl.j} {
+		for _, e := range &s.buckets[bi] {
+			if e.tag == sl.tag {
+				return now < e.expires, nil
+			}
+		}
 	}
-	return ok, nil
+	return false, nil
 }
 
-// Record remembers k for the window, forgetting expired entries and, when
-// the shard is full, its oldest ones.
+// Record remembers k for the window: in place of its own entry if it has
+// one, else in a free (empty or expired) slot of the emptier of its two
+// buckets, else in place of the entry of the two that expires first.
 func (s *MemoryIdempotencyStore) Record(_ context.Context, k DeliveryKey) error {
-	now := time.Now().UnixNano()
-	sh := s.shard(&k)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	for sh.head < len(sh.fifo) && sh.fifo[sh.head].expires <= now {
-		sh.popLocked()
-	}
-	sh.seq++
+	sl := s.locate(&k)
+	now := s.now()
 	expires := now + int64(s.window)
-	sh.m[k] = dedupEntry{expires: expires, seq: sh.seq}
-	sh.fifo = append(sh.fifo, dedupRecord{key: k, seq: sh.seq, expires: expires})
-	for len(sh.m) > sh.limit {
-		sh.popLocked()
+	la, lb := s.stripes(sl)
+	lock2(la, lb)
+	defer unlock2(la, lb)
+	bi, bj := &s.buckets[sl.i], &s.buckets[sl.j]
+	var free [2]int
+	var firstFree [2]int
+	oldest := &bi[0]
+	for n, b := range [2]*dedupBucket{bi, bj} {
+		for x := range b {
+			e := &b[x]
+			if e.tag == sl.tag {
+				e.expires = expires
+				return nil
+			}
+			if e.expires <= now { // empty (0) or expired
+				if free[n] == 0 {
+					firstFree[n] = x
+				}
+				free[n]++
+			}
+			if e.expires < oldest.expires {
+				oldest = e
+			}
+		}
 	}
+	switch {
+	case free[0] >= free[1] && free[0] > 0:
+		oldest = &bi[firstFree[0]]
+	case free[1] > 0:
+		oldest = &bj[firstFree[1]]
+	}
+	oldest.tag, oldest.expires = sl.tag, expires
 	return nil
 }
 
-// popLocked drops the oldest record, and its entry if the record still owns
-// it (a key recorded again has a newer record).
-func (sh *dedupShard) popLocked() {
-	r := sh.fifo[sh.head]
-	sh.fifo[sh.head] = dedupRecord{}
-	sh.head++
-	if e, ok := sh.m[r.key]; ok && e.seq == r.seq {
-		delete(sh.m, r.key)
-	}
-	if sh.head > 1024 && sh.head*2 > len(sh.fifo) {
-		n := copy(sh.fifo, sh.fifo[sh.head:])
-		clear(sh.fifo[n:])
-		sh.fifo = sh.fifo[:n]
-		sh.head = 0
-	}
-}
-
-// Len returns how many delivered IDs are remembered (expired ones that were
-// not yet forgotten included).
+// Len returns how many delivered IDs are remembered and not expired.
 func (s *MemoryIdempotencyStore) Len() int {
-	n := 0
-	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		n += len(sh.m)
-		sh.mu.Unlock()
+	now, n := s.now(), 0
+	for i := range s.buckets {
+		mu := &s.locks[i%dedupLocks]
+		mu.Lock()
+		for _, e := range &s.buckets[i] {
+			if e.tag != 0 && now < e.expires {
+				n++
+			}
+		}
+		mu.Unlock()
 	}
 	return n
 }
+
+// Cap returns the most IDs the store remembers.
+func (s *MemoryIdempotencyStore) Cap() int { return len(s.buckets) * dedupWays }

@@ -181,9 +181,12 @@ type topicCounters struct {
 }
 
 // subCounters are one (topic, subscriber name)'s counters; they outlive a
-// subscription so that a name subscribed again keeps counting.
+// subscription so that a name subscribed again keeps counting. routed is
+// written by the topic's dispatcher, the rest by the subscriber's workers:
+// padding keeps the two writers off one cache line.
 type subCounters struct {
 	routed       atomic.Uint64
+	_            [cacheLine - 8]byte
 	delivered    atomic.Uint64
 	attempts     atomic.Uint64
 	retries      atomic.Uint64
@@ -191,7 +194,11 @@ type subCounters struct {
 	deduplicated atomic.Uint64
 	dlErrors     atomic.Uint64
 	inFlight     atomic.Int64
+	_            [cacheLine - 8]byte
 }
+
+// cacheLine is the size padding assumes (64 bytes on amd64 and arm64).
+const cacheLine = 64
 
 func (c *subCounters) snapshot() SubscriberStats {
 	return SubscriberStats{

@@ -109,6 +109,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	if sc.concurrency > 1 {
 		s.pipe.guard = newIDGuard()
 	}
+	s.pipe.timed = b.cfg.obs != nil
 	t.active[name] = s
 	t.addSubLocked(s)
 	s.live.Store(int32(sc.concurrency))

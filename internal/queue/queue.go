@@ -117,7 +117,11 @@ func (q *Queue[T]) pushLocked(v T) error {
 	if q.n == len(q.buf) {
 		q.grow()
 	}
-	q.buf[(q.head+q.n)%len(q.buf)] = v
+	i := q.head + q.n
+	if i >= len(q.buf) {
+		i -= len(q.buf)
+	}
+	q.buf[i] = v
 	q.n++
 	return nil
 }
@@ -202,7 +206,9 @@ func (q *Queue[T]) removeLocked() {
 	}
 	var zero T
 	q.buf[q.head] = zero // drop references for the garbage collector
-	q.head = (q.head + 1) % len(q.buf)
+	if q.head++; q.head == len(q.buf) {
+		q.head = 0
+	}
 	q.n--
 	if q.room != nil {
 		close(q.room)
