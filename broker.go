@@ -279,7 +279,7 @@ func (b *Broker) redriveOne(ctx context.Context, id string) error {
 	env.msg.Attempt = 0
 	timer := time.NewTimer(b.cfg.publishTimeout)
 	defer timer.Stop()
-	switch err := s.route(&env, ctx.Done(), timer.C); err {
+	switch err := s.route(&env, ctx.Done(), timer.C, nil); err {
 	case nil:
 	case queue.ErrClosed:
 		if b.closed.Load() {

@@ -32,16 +32,30 @@ func newTopic(b *Broker, name string) *topic {
 	return t
 }
 
+// dispatchBatch is how many messages the dispatcher takes from the topic
+// queue under one lock.
+const dispatchBatch = 64
+
 // dispatch is the topic's goroutine: it takes messages in FIFO order and
 // routes each to every subscriber, until the queue is closed and drained;
 // then it closes the subscribers' lanes so their workers can finish. A
-// message counts as queued in the topic until it has been routed.
+// message counts as queued in the topic until it has been routed: the
+// dispatcher peeks a batch, and removes the routed prefix before it waits
+// for room in a lane and at the end of the batch.
 func (t *topic) dispatch() {
 	defer t.b.wg.Done()
+	var buf [dispatchBatch]Message
 	for t.q.Wait(nil) {
-		msg, _ := t.q.Peek()
-		t.route(&msg)
-		t.q.Advance()
+		n := t.q.PeekN(buf[:])
+		done := 0
+		for i := range n {
+			t.route(&buf[i], func() { // about to wait: free the routed prefix
+				t.q.AdvanceN(i - done)
+				done = i
+			})
+		}
+		t.q.AdvanceN(n - done)
+		clear(buf[:n]) // drop references for the garbage collector
 	}
 	for _, s := range *t.subs.Load() {
 		s.closeLanes()
@@ -49,13 +63,14 @@ func (t *topic) dispatch() {
 }
 
 // route hands msg to every current subscriber, waiting for room in each
-// lane (backpressure). A subscriber stopping at once gets the message as a
-// dead letter; one that is leaving gracefully does not get it.
-func (t *topic) route(msg *Message) {
+// lane (backpressure); beforeWait runs before the first wait. A subscriber
+// stopping at once gets the message as a dead letter; one that is leaving
+// gracefully does not get it.
+func (t *topic) route(msg *Message, beforeWait func()) {
 	env := envelope{msg: *msg}
 	routed := false
 	for _, s := range *t.subs.Load() {
-		if s.route(&env, nil, nil) == nil {
+		if s.route(&env, nil, nil, beforeWait) == nil {
 			routed = true
 		}
 	}

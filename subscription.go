@@ -164,15 +164,19 @@ func (s *Subscription) lane(msg *Message) *queue.Queue[envelope] {
 }
 
 // route hands env to the subscriber, waiting for room in its lane until
-// cancel is closed or deadline fires (either may be nil). It returns nil once
+// cancel is closed or deadline fires (either may be nil); beforeWait, if not
+// nil, runs before it waits. It returns nil once
 // the message is the subscriber's responsibility: queued in its lane, or
 // dead-lettered because the subscription is stopping at once. A queue error
 // means it was not routed.
-func (s *Subscription) route(env *envelope, cancel <-chan struct{}, deadline <-chan time.Time) error {
+func (s *Subscription) route(env *envelope, cancel <-chan struct{}, deadline <-chan time.Time, beforeWait func()) error {
 	s.c.routed.Add(1)
 	lane := s.lane(&env.msg)
 	err := lane.TryPush(*env)
 	if err == queue.ErrFull {
+		if beforeWait != nil {
+			beforeWait()
+		}
 		err = lane.PushWait(*env, s.ctx.Done(), cancel, deadline)
 	}
 	if err != nil && err != queue.ErrTimeout && stoppedAtOnce(s.ctx) {

@@ -180,11 +180,32 @@ func (q *Queue[T]) Peek() (v T, ok bool) {
 	return q.buf[q.head], true
 }
 
+// PeekN copies up to len(buf) of the oldest items into buf without removing
+// them and returns how many it copied. Only the consumer may call it. The
+// items stay queued (counted by Len) until AdvanceN.
+func (q *Queue[T]) PeekN(buf []T) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := min(len(buf), q.n)
+	k := copy(buf[:n], q.buf[q.head:min(q.head+n, len(q.buf))])
+	copy(buf[k:n], q.buf[:n-k])
+	return n
+}
+
 // Advance removes the oldest item. Only the consumer may call it, after a
 // successful Peek.
-func (q *Queue[T]) Advance() {
+func (q *Queue[T]) Advance() { q.AdvanceN(1) }
+
+// AdvanceN removes the n oldest items (at most Len). Only the consumer may
+// call it, after peeking them.
+func (q *Queue[T]) AdvanceN(n int) {
+	if n <= 0 {
+		return
+	}
 	q.mu.Lock()
-	q.removeLocked()
+	for range min(n, q.n) {
+		q.removeLocked()
+	}
 	q.mu.Unlock()
 }
 

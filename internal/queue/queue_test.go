@@ -168,3 +168,29 @@ func TestWaitStops(t *testing.T) {
 		assert.True(t, q.Wait(stop), "an item is reported even when stopped")
 	})
 }
+
+func TestPeekNAdvanceNAcrossWrap(t *testing.T) {
+	q := New[int](8)
+	for i := range 8 {
+		require.NoError(t, q.TryPush(i))
+	}
+	for range 5 {
+		q.Pop()
+	}
+	for i := 8; i < 13; i++ { // wraps around the ring's end
+		require.NoError(t, q.TryPush(i))
+	}
+	buf := make([]int, 6)
+	n := q.PeekN(buf)
+	require.Equal(t, 6, n)
+	assert.Equal(t, []int{5, 6, 7, 8, 9, 10}, buf)
+	assert.Equal(t, 8, q.Len(), "peeked items stay queued")
+	q.AdvanceN(4)
+	n = q.PeekN(buf)
+	assert.Equal(t, 4, n)
+	assert.Equal(t, []int{9, 10, 11, 12}, buf[:n])
+	q.AdvanceN(100) // clamps to Len
+	assert.Equal(t, 0, q.Len())
+	q.AdvanceN(-1)
+	assert.Equal(t, 0, q.PeekN(buf))
+}
