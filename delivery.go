@@ -21,6 +21,8 @@ type pipeline struct {
 	timeout           time.Duration // per-attempt deadline; 0 = none
 	policy            RetryPolicy   // normalized
 	dedup             IdempotencyStore
+	mem               *MemoryIdempotencyStore // dedup, when it is the default kind: hashed once per delivery
+	salt              dedupSalt               // mem's hash of (topic, subscriber)
 	guard             *idGuard // nil unless two workers could hold the same ID at once
 	timed             bool     // measure handler run time (someone observes it)
 	rec               recorder
@@ -55,8 +57,8 @@ func (p *pipeline) deliver(ctx context.Context, env *envelope) {
 		p.guard.acquire(msg.ID)
 		defer p.guard.release(msg.ID)
 	}
-	key := DeliveryKey{Topic: p.topic, Subscriber: p.subscriber, MessageID: msg.ID}
-	if p.dedup != nil && !env.redrive && p.seen(key) {
+	d := p.dedupKey(msg.ID)
+	if p.dedup != nil && !env.redrive && p.seen(&d) {
 		p.rec.deduplicated(msg)
 		return
 	}
@@ -78,9 +80,7 @@ func (p *pipeline) deliver(ctx context.Context, env *envelope) {
 		switch s.outcome {
 		case OutcomeDelivered:
 			if p.dedup != nil {
-				if err := p.dedup.Record(context.Background(), key); err != nil {
-					p.logStoreError("Record", msg, err)
-				}
+				p.record(&d)
 			}
 			p.rec.delivered(msg, s.took)
 			return
@@ -94,20 +94,49 @@ func (p *pipeline) deliver(ctx context.Context, env *envelope) {
 	}
 }
 
-// seen asks the idempotency store whether key was delivered. A store error
+// dedupRef names one message at this subscriber for the idempotency store:
+// the key, and its slot when the store is a MemoryIdempotencyStore.
+type dedupRef struct {
+	key  DeliveryKey
+	slot slot
+}
+
+func (p *pipeline) dedupKey(id string) dedupRef {
+	d := dedupRef{key: DeliveryKey{Topic: p.topic, Subscriber: p.subscriber, MessageID: id}}
+	if p.mem != nil {
+		d.slot = p.mem.slotOf(p.salt, id)
+	}
+	return d
+}
+
+// seen asks the idempotency store whether d was delivered. A store error
 // counts as "not seen": a duplicate is within the contract, a loss is not.
 // The store gets a context that shutdown does not cancel.
-func (p *pipeline) seen(key DeliveryKey) bool {
-	seen, err := p.dedup.Seen(context.Background(), key)
+func (p *pipeline) seen(d *dedupRef) bool {
+	if p.mem != nil {
+		return p.mem.seen(d.slot)
+	}
+	seen, err := p.dedup.Seen(context.Background(), d.key)
 	if err != nil {
-		p.logStoreError("Seen", &Message{ID: key.MessageID}, err)
+		p.logStoreError("Seen", d.key.MessageID, err)
 	}
 	return seen
 }
 
-func (p *pipeline) logStoreError(op string, msg *Message, err error) {
+// record tells the idempotency store that d was delivered.
+func (p *pipeline) record(d *dedupRef) {
+	if p.mem != nil {
+		p.mem.record(d.slot)
+		return
+	}
+	if err := p.dedup.Record(context.Background(), d.key); err != nil {
+		p.logStoreError("Record", d.key.MessageID, err)
+	}
+}
+
+func (p *pipeline) logStoreError(op, id string, err error) {
 	p.log.LogAttrs(context.Background(), slog.LevelError, "broker: idempotency store "+op+" failed",
-		slog.String("topic", p.topic), slog.String("message_id", msg.ID),
+		slog.String("topic", p.topic), slog.String("message_id", id),
 		slog.String("subscriber", p.subscriber), slog.String("error", err.Error()))
 }
 

@@ -100,15 +100,29 @@ type slot struct {
 	tag  uint64
 }
 
-func (s *MemoryIdempotencyStore) locate(k *DeliveryKey) slot {
-	a := maphash.Comparable(s.seedA, *k)
+// dedupSalt is the hash of a (topic, subscriber) pair; a key's slot is
+// derived from it and the hash of the message ID, so a subscriber computes
+// its salt once and hashes only the ID per message.
+type dedupSalt struct{ a, b uint64 }
+
+func (s *MemoryIdempotencyStore) salt(topic, subscriber string) dedupSalt {
+	k := [2]string{topic, subscriber}
+	return dedupSalt{maphash.Comparable(s.seedA, k), maphash.Comparable(s.seedB, k)}
+}
+
+func (s *MemoryIdempotencyStore) slotOf(salt dedupSalt, id string) slot {
+	a := maphash.String(s.seedA, id) ^ salt.a
 	n := uint64(len(s.buckets))
 	i := a % n
 	j := (a >> 32) % (n - 1) // a second bucket, different from i
 	if j >= i {
 		j++
 	}
-	return slot{i: int(i), j: int(j), tag: maphash.Comparable(s.seedB, *k) | 1}
+	return slot{i: int(i), j: int(j), tag: (maphash.String(s.seedB, id) ^ salt.b) | 1}
+}
+
+func (s *MemoryIdempotencyStore) locate(k *DeliveryKey) slot {
+	return s.slotOf(s.salt(k.Topic, k.Subscriber), k.MessageID)
 }
 
 // stripes returns the locks of both buckets, in locking order; b is nil
@@ -143,7 +157,16 @@ func (s *MemoryIdempotencyStore) now() int64 { return int64(time.Since(s.epoch))
 
 // Seen reports whether k was recorded within the window.
 func (s *MemoryIdempotencyStore) Seen(_ context.Context, k DeliveryKey) (bool, error) {
-	sl := s.locate(&k)
+	return s.seen(s.locate(&k)), nil
+}
+
+// Record remembers k for the window.
+func (s *MemoryIdempotencyStore) Record(_ context.Context, k DeliveryKey) error {
+	s.record(s.locate(&k))
+	return nil
+}
+
+func (s *MemoryIdempotencyStore) seen(sl slot) bool {
 	now := s.now()
 	la, lb := s.stripes(sl)
 	lock2(la, lb)
@@ -151,18 +174,17 @@ func (s *MemoryIdempotencyStore) Seen(_ context.Context, k DeliveryKey) (bool, e
 	for _, bi := range [2]int{sl.i, sl.j} {
 		for _, e := range &s.buckets[bi] {
 			if e.tag == sl.tag {
-				return now < e.expires, nil
+				return now < e.expires
 			}
 		}
 	}
-	return false, nil
+	return false
 }
 
-// Record remembers k for the window: in place of its own entry if it has
-// one, else in a free (empty or expired) slot of the emptier of its two
-// buckets, else in place of the entry of the two that expires first.
-func (s *MemoryIdempotencyStore) Record(_ context.Context, k DeliveryKey) error {
-	sl := s.locate(&k)
+// record puts the key of sl in place of its own entry if it has one, else
+// in a free (empty or expired) slot of the emptier of its two buckets, else
+// in place of the entry of the two that expires first.
+func (s *MemoryIdempotencyStore) record(sl slot) {
 	now := s.now()
 	expires := now + int64(s.window)
 	la, lb := s.stripes(sl)
@@ -177,7 +199,7 @@ func (s *MemoryIdempotencyStore) Record(_ context.Context, k DeliveryKey) error 
 			e := &b[x]
 			if e.tag == sl.tag {
 				e.expires = expires
-				return nil
+				return
 			}
 			if e.expires <= now { // empty (0) or expired
 				if free[n] == 0 {
@@ -197,7 +219,6 @@ func (s *MemoryIdempotencyStore) Record(_ context.Context, k DeliveryKey) error 
 		oldest = &bj[firstFree[1]]
 	}
 	oldest.tag, oldest.expires = sl.tag, expires
-	return nil
 }
 
 // Len returns how many delivered IDs are remembered and not expired.

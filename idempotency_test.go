@@ -112,3 +112,25 @@ type brokenIdem struct{}
 
 func (brokenIdem) Seen(context.Context, DeliveryKey) (bool, error) { return false, errBoom }
 func (brokenIdem) Record(context.Context, DeliveryKey) error       { return errBoom }
+
+// The broker's hashed fast path and the store's public methods agree.
+func TestMemoryIdempotencyStoreFastPathAgrees(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		store := NewMemoryIdempotencyStore(time.Minute, 1000)
+		ctx := context.Background()
+		require.NoError(t, store.Record(ctx, DeliveryKey{Topic: "t", Subscriber: "s", MessageID: "recorded-outside"}))
+		b := newTestBroker(t, WithIdempotencyStore(store))
+		var got calls
+		_, err := b.Subscribe("t", "s", okHandler(&got))
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 1)
+		require.NoError(t, b.Publish(ctx, Message{ID: "recorded-outside", Topic: "t"}))
+		idle()
+		assert.Equal(t, []string{"m-0"}, got.ids())
+		seen, err := store.Seen(ctx, DeliveryKey{Topic: "t", Subscriber: "s", MessageID: "m-0"})
+		require.NoError(t, err)
+		assert.True(t, seen, "recorded by the broker, visible through Seen")
+		seen, _ = store.Seen(ctx, DeliveryKey{Topic: "t", Subscriber: "other", MessageID: "m-0"})
+		assert.False(t, seen)
+	})
+}

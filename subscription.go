@@ -110,6 +110,9 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 		s.pipe.guard = newIDGuard()
 	}
 	s.pipe.timed = b.cfg.obs != nil
+	if mem, ok := b.cfg.dedup.(*MemoryIdempotencyStore); ok {
+		s.pipe.mem, s.pipe.salt = mem, mem.salt(topicName, name)
+	}
 	t.active[name] = s
 	t.addSubLocked(s)
 	s.live.Store(int32(sc.concurrency))
