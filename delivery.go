@@ -23,8 +23,8 @@ type pipeline struct {
 	dedup             IdempotencyStore
 	mem               *MemoryIdempotencyStore // dedup, when it is the default kind: hashed once per delivery
 	salt              dedupSalt               // mem's hash of (topic, subscriber)
-	guard             *idGuard // nil unless two workers could hold the same ID at once
-	timed             bool     // measure handler run time (someone observes it)
+	guard             *idGuard                // nil unless two workers could hold the same ID at once
+	timed             bool                    // measure handler run time (someone observes it)
 	rec               recorder
 	log               *slog.Logger
 }
