@@ -134,10 +134,10 @@ func (s *Subscription) work(lane *queue.Queue[envelope]) {
 		}
 	}()
 	stop := s.ctx.Done()
-	for lane.Wait(stop) {
-		env, ok := lane.Pop()
+	for {
+		env, ok := lane.PopWait(stop)
 		if !ok {
-			continue
+			break
 		}
 		s.c.inFlight.Add(1)
 		s.pipe.deliver(s.ctx, &env)

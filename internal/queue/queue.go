@@ -168,6 +168,35 @@ func (q *Queue[T]) Wait(stop <-chan struct{}) bool {
 	}
 }
 
+// PopWait removes and returns the oldest item, waiting for one until the
+// queue is closed and empty or stop is closed (ok false). Only the consumer
+// may call it. It is Wait and Pop under one lock when an item is there.
+func (q *Queue[T]) PopWait(stop <-chan struct{}) (v T, ok bool) {
+	for {
+		q.mu.Lock()
+		if q.n > 0 {
+			v = q.buf[q.head]
+			q.removeLocked()
+			q.mu.Unlock()
+			return v, true
+		}
+		if q.closed {
+			q.mu.Unlock()
+			return v, false
+		}
+		q.sleeping = true
+		q.mu.Unlock()
+		select {
+		case <-q.ready:
+		case <-stop:
+			q.mu.Lock()
+			q.sleeping = false
+			q.mu.Unlock()
+			return v, false
+		}
+	}
+}
+
 // Peek returns the oldest item without removing it; ok is false when empty.
 // Only the consumer may call it. The item stays queued (counted by Len)
 // until Advance.

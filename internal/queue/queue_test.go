@@ -194,3 +194,28 @@ func TestPeekNAdvanceNAcrossWrap(t *testing.T) {
 	q.AdvanceN(-1)
 	assert.Equal(t, 0, q.PeekN(buf))
 }
+
+func TestPopWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := New[int](2)
+		go func() {
+			time.Sleep(time.Second)
+			_ = q.TryPush(7)
+			time.Sleep(time.Second)
+			q.Close()
+		}()
+		start := time.Now()
+		v, ok := q.PopWait(nil)
+		assert.True(t, ok)
+		assert.Equal(t, 7, v)
+		assert.Equal(t, time.Second, time.Since(start))
+		_, ok = q.PopWait(nil)
+		assert.False(t, ok, "closed and empty")
+		assert.Equal(t, 2*time.Second, time.Since(start))
+
+		stop := make(chan struct{})
+		close(stop)
+		_, ok = New[int](1).PopWait(stop)
+		assert.False(t, ok, "stopped")
+	})
+}
