@@ -1,0 +1,53 @@
+package bench
+
+import (
+	"testing"
+	"time"
+)
+
+// TestCells runs every implementation on every workload at a small message
+// count and checks that every subscriber got every message.
+func TestCells(t *testing.T) {
+	n := 2000
+	if testing.Short() {
+		n = 500
+	}
+	for _, w := range Workloads {
+		for _, impl := range Impls() {
+			t.Run(w.Name+"/"+impl.Name, func(t *testing.T) {
+				m := n
+				if w.Work > 0 {
+					m = n / 4
+				}
+				if w.PayloadSize > 4<<10 {
+					m = n / 4
+				}
+				r := RunCell(impl, w, m, Options{Timeout: 30 * time.Second})
+				if r.Err != nil {
+					t.Fatalf("%s/%s: %v", w.Name, impl.Name, r.Err)
+				}
+				if r.Elapsed <= 0 || r.NsPerMsg <= 0 {
+					t.Fatalf("no time measured: %+v", r)
+				}
+				if w.FailEvery > 0 && r.Injected == 0 {
+					t.Fatalf("no failure injected: %+v", r)
+				}
+				t.Logf("%s/%s: %d msgs %.0f ns/msg %.1f allocs/msg %.0f B/msg ooo=%d dups=%d injected=%d pubretries=%d",
+					w.Name, impl.Name, r.Messages, r.NsPerMsg, r.AllocsPerMsg, r.BytesPerMsg, r.OutOfOrder, r.Duplicates, r.Injected, r.PublishRetries)
+			})
+		}
+	}
+}
+
+// TestQueued checks the queued-memory measurement end to end.
+func TestQueued(t *testing.T) {
+	for _, impl := range Impls() {
+		for _, size := range []int{64, 4 << 10} {
+			r := RunQueued(impl, size, 500, 30*time.Second)
+			if r.Err != nil {
+				t.Fatalf("%s/%d: %v", impl.Name, size, r.Err)
+			}
+			t.Logf("%s payload=%d: %.0f B per queued message", impl.Name, size, r.PerMsg)
+		}
+	}
+}
