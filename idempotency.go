@@ -37,8 +37,9 @@ type IdempotencyStore interface {
 
 // MemoryIdempotencyStore is the default IdempotencyStore: an in-memory
 // window bounded both in time (an entry is remembered for window after it
-// was recorded) and in entries (a fixed table allocated once). It is safe
-// for concurrent use.
+// was recorded; for the broker's own deliveries, after the delivery
+// started) and in entries (a fixed table allocated once). It is safe for
+// concurrent use.
 //
 // The table is set-associative with two choices: a key's hash picks two
 // buckets of four entries (one cache line each); a lookup checks both, and a
@@ -94,10 +95,13 @@ func NewMemoryIdempotencyStore(window time.Duration, maxEntries int) *MemoryIdem
 	}
 }
 
-// slot is where a key may live: two distinct buckets and its tag.
+// slot is where a key may live — two distinct buckets and its tag — and
+// the time it was looked up, which both the lookup and a later record use:
+// one clock read per delivery.
 type slot struct {
 	i, j int
 	tag  uint64
+	now  int64 // ns since the store's epoch
 }
 
 // dedupSalt is the hash of a (topic, subscriber) pair; a key's slot is
@@ -118,7 +122,7 @@ func (s *MemoryIdempotencyStore) slotOf(salt dedupSalt, id string) slot {
 	if j >= i {
 		j++
 	}
-	return slot{i: int(i), j: int(j), tag: (maphash.String(s.seedB, id) ^ salt.b) | 1}
+	return slot{i: int(i), j: int(j), tag: (maphash.String(s.seedB, id) ^ salt.b) | 1, now: s.now()}
 }
 
 func (s *MemoryIdempotencyStore) locate(k *DeliveryKey) slot {
@@ -167,7 +171,7 @@ func (s *MemoryIdempotencyStore) Record(_ context.Context, k DeliveryKey) error 
 }
 
 func (s *MemoryIdempotencyStore) seen(sl slot) bool {
-	now := s.now()
+	now := sl.now
 	la, lb := s.stripes(sl)
 	lock2(la, lb)
 	defer unlock2(la, lb)
@@ -185,7 +189,7 @@ func (s *MemoryIdempotencyStore) seen(sl slot) bool {
 // in a free (empty or expired) slot of the emptier of its two buckets, else
 // in place of the entry of the two that expires first.
 func (s *MemoryIdempotencyStore) record(sl slot) {
-	now := s.now()
+	now := sl.now
 	expires := now + int64(s.window)
 	la, lb := s.stripes(sl)
 	lock2(la, lb)
