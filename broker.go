@@ -94,9 +94,9 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	}
 	msg.Attempt = 0
 	msg.PublishedAt = time.Now()
-	err = t.q.TryPush(msg)
+	err = t.q.TryPush(envelope{msg: msg})
 	if err == queue.ErrFull && b.cfg.publishTimeout > 0 {
-		err = pushWait(t.q, msg, ctx, b.cfg.publishTimeout)
+		err = pushWait(t.q, envelope{msg: msg}, ctx, b.cfg.publishTimeout)
 	}
 	switch err {
 	case nil:

@@ -12,7 +12,7 @@ import (
 type topic struct {
 	b    *Broker
 	name string
-	q    *queue.Queue[Message]
+	q    *queue.Queue[envelope]
 	c    topicCounters
 	subs atomic.Pointer[[]*Subscription] // routing snapshot, copy on write under mu
 
@@ -24,7 +24,7 @@ type topic struct {
 func newTopic(b *Broker, name string) *topic {
 	t := &topic{
 		b: b, name: name,
-		q:        queue.New[Message](b.cfg.queueSize),
+		q:        queue.New[envelope](b.cfg.queueSize),
 		active:   make(map[string]*Subscription),
 		counters: make(map[string]*subCounters),
 	}
@@ -38,49 +38,89 @@ const dispatchBatch = 64
 
 // dispatch is the topic's goroutine: it takes messages in FIFO order and
 // routes each to every subscriber, until the queue is closed and drained;
-// then it closes the subscribers' lanes so their workers can finish. A
-// message counts as queued in the topic until it has been routed: the
-// dispatcher peeks a batch, and removes the routed prefix before it waits
-// for room in a lane and at the end of the batch.
+// then it closes the subscribers' lanes so their workers can finish.
 func (t *topic) dispatch() {
 	defer t.b.wg.Done()
-	var buf [dispatchBatch]Message
+	var (
+		envs [dispatchBatch]envelope
+		got  []int // per subscriber: how many of the batch it has
+	)
 	for t.q.Wait(nil) {
-		n := t.q.PeekN(buf[:])
-		done := 0
-		for i := range n {
-			t.route(&buf[i], func() { // about to wait: free the routed prefix
-				t.q.AdvanceN(i - done)
-				done = i
-			})
-		}
-		t.q.AdvanceN(n - done)
-		clear(buf[:n]) // drop references for the garbage collector
+		n := t.q.PeekN(envs[:])
+		got = t.routeBatch(envs[:n], got)
+		clear(envs[:n]) // drop references for the garbage collector
 	}
 	for _, s := range *t.subs.Load() {
 		s.closeLanes()
 	}
 }
 
-// route hands msg to every current subscriber, waiting for room in each
-// lane (backpressure); beforeWait runs before the first wait. A subscriber
-// stopping at once gets the message as a dead letter; one that is leaving
-// gracefully does not get it.
-func (t *topic) route(msg *Message, beforeWait func()) {
-	env := envelope{msg: *msg}
-	routed := false
-	for _, s := range *t.subs.Load() {
-		if s.route(&env, nil, nil, beforeWait) == nil {
-			routed = true
+// routeBatch hands a batch of messages, in order, to every current
+// subscriber, then removes them from the topic queue. Each subscriber first
+// takes what fits in its lane under one lock; where a lane is full (or
+// closed) the batch goes on message by message, waiting for room
+// (backpressure). A message counts as queued in the topic until every
+// subscriber has it: before each wait the fully routed prefix is removed.
+// A subscriber stopping at once gets its messages as dead letters; one
+// leaving gracefully does not get them. got is scratch space, returned for
+// reuse.
+func (t *topic) routeBatch(envs []envelope, got []int) []int {
+	n := len(envs)
+	subs := *t.subs.Load()
+	if cap(got) < len(subs) {
+		got = make([]int, len(subs))
+	}
+	got = got[:len(subs)]
+	var accepted [dispatchBatch]bool
+	for si, s := range subs {
+		got[si] = s.tryRouteN(envs)
+		markAccepted(accepted[:], 0, got[si])
+	}
+	done := 0 // removed from the topic queue
+	freePrefix := func() {
+		if p := minOf(got, n); p > done {
+			t.q.AdvanceN(p - done)
+			done = p
 		}
 	}
-	if routed {
-		return
+	for i := range n {
+		for si, s := range subs {
+			if got[si] > i {
+				continue
+			}
+			if s.route(&envs[i], nil, nil, freePrefix) == nil {
+				accepted[i] = true
+			}
+			k := s.tryRouteN(envs[i+1:])
+			markAccepted(accepted[:], i+1, i+1+k)
+			got[si] = i + 1 + k
+		}
 	}
-	t.c.unrouted.Add(1)
-	if t.b.cfg.obs != nil {
-		t.b.cfg.obs.Unrouted(UnroutedEvent{Topic: t.name, MessageID: msg.ID})
+	t.q.AdvanceN(n - done)
+	for i := range n {
+		if !accepted[i] {
+			t.c.unrouted.Add(1)
+			if t.b.cfg.obs != nil {
+				t.b.cfg.obs.Unrouted(UnroutedEvent{Topic: t.name, MessageID: envs[i].msg.ID})
+			}
+		}
 	}
+	return got
+}
+
+func markAccepted(a []bool, from, to int) {
+	for i := from; i < to; i++ {
+		a[i] = true
+	}
+}
+
+// minOf returns the smallest of xs, or n if xs is empty.
+func minOf(xs []int, n int) int {
+	m := n
+	for _, x := range xs {
+		m = min(m, x)
+	}
+	return m
 }
 
 // addSubLocked publishes a routing snapshot with s added.
@@ -113,7 +153,7 @@ func (t *topic) stats(now time.Time) TopicStats {
 		Unrouted:  t.c.unrouted.Load(),
 		Queued:    n,
 		Capacity:  t.q.Cap(),
-		OldestAge: age(now, head.PublishedAt, n),
+		OldestAge: age(now, head.msg.PublishedAt, n),
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -196,6 +196,23 @@ func (s *Subscription) route(env *envelope, cancel <-chan struct{}, deadline <-c
 	return err
 }
 
+// tryRouteN hands the subscriber as many of envs, in order, as fit in its
+// lanes without waiting, and returns how many; it stops at the first that
+// does not fit (or meets a closed lane), leaving it to route.
+func (s *Subscription) tryRouteN(envs []envelope) int {
+	s.c.routed.Add(uint64(len(envs)))
+	k := 0
+	if len(s.lanes) == 1 {
+		k, _ = s.lanes[0].TryPushN(envs)
+	} else {
+		for k < len(envs) && s.lane(&envs[k].msg).TryPush(envs[k]) == nil {
+			k++
+		}
+	}
+	s.c.routed.Add(-uint64(len(envs) - k))
+	return k
+}
+
 func (s *Subscription) closeLanes() {
 	for _, lane := range s.lanes {
 		lane.Close()

@@ -72,6 +72,37 @@ func (q *Queue[T]) TryPush(v T) error {
 	return err
 }
 
+// TryPushN appends as many of vs, in order, as there is room for, without
+// waiting, and returns how many; with ErrClosed (and 0) after Close.
+func (q *Queue[T]) TryPushN(vs []T) (int, error) {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return 0, ErrClosed
+	}
+	k := min(len(vs), q.limit-q.n)
+	for _, v := range vs[:k] {
+		if q.n == len(q.buf) {
+			q.grow()
+		}
+		i := q.head + q.n
+		if i >= len(q.buf) {
+			i -= len(q.buf)
+		}
+		q.buf[i] = v
+		q.n++
+	}
+	wake := k > 0 && q.sleeping
+	if wake {
+		q.sleeping = false
+	}
+	q.mu.Unlock()
+	if wake {
+		q.wake()
+	}
+	return k, nil
+}
+
 // PushWait appends v, waiting for room until stop1 or stop2 is closed
 // (ErrStopped), deadline fires (ErrTimeout) or the queue is closed
 // (ErrClosed). Any channel may be nil to wait without that bound.

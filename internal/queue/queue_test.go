@@ -219,3 +219,21 @@ func TestPopWait(t *testing.T) {
 		assert.False(t, ok, "stopped")
 	})
 }
+
+func TestTryPushN(t *testing.T) {
+	q := New[int](5)
+	require.NoError(t, q.TryPush(0))
+	k, err := q.TryPushN([]int{1, 2, 3, 4, 5, 6})
+	require.NoError(t, err)
+	assert.Equal(t, 4, k, "as many as fit, in order")
+	buf := make([]int, 5)
+	assert.Equal(t, 5, q.PeekN(buf))
+	assert.Equal(t, []int{0, 1, 2, 3, 4}, buf)
+	k, err = q.TryPushN([]int{9})
+	assert.Zero(t, k)
+	assert.NoError(t, err, "full is not an error")
+	q.Close()
+	k, err = q.TryPushN([]int{9})
+	assert.Zero(t, k)
+	assert.ErrorIs(t, err, ErrClosed)
+}
