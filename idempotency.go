@@ -55,15 +55,15 @@ type MemoryIdempotencyStore struct {
 	window       time.Duration
 	epoch        time.Time // monotonic base for expiry times
 	seedA, seedB maphash.Seed
-	buckets      []dedupBucket
-	locks        [dedupLocks]paddedMutex // lock i guards buckets b with b%dedupLocks == i
+	buckets      []dedupBucket // split into one region per lock stripe
+	locks        []paddedMutex // lock r guards region r (see region)
 }
 
 var _ IdempotencyStore = (*MemoryIdempotencyStore)(nil)
 
 const (
-	dedupWays  = 4  // entries per bucket: 4 × 16 bytes is one cache line
-	dedupLocks = 64 // lock stripes
+	dedupWays    = 4  // entries per bucket: 4 × 16 bytes is one cache line
+	dedupStripes = 64 // most lock stripes
 )
 
 // dedupBucket holds up to dedupWays entries; a zero tag is an empty slot.
@@ -88,20 +88,29 @@ func NewMemoryIdempotencyStore(window time.Duration, maxEntries int) *MemoryIdem
 	if maxEntries <= 0 {
 		maxEntries = DefaultDedupEntries
 	}
+	buckets := max((maxEntries+dedupWays-1)/dedupWays, 2)
 	return &MemoryIdempotencyStore{
 		window: window, epoch: time.Now(),
 		seedA: maphash.MakeSeed(), seedB: maphash.MakeSeed(),
-		buckets: make([]dedupBucket, max((maxEntries+dedupWays-1)/dedupWays, 2)),
+		buckets: make([]dedupBucket, buckets),
+		locks:   make([]paddedMutex, min(dedupStripes, buckets/2)), // regions of 2 buckets or more
 	}
 }
 
-// slot is where a key may live — two distinct buckets and its tag — and
-// the time it was looked up, which both the lookup and a later record use:
-// one clock read per delivery.
+// region returns the first bucket of lock stripe r's region and its size.
+func (s *MemoryIdempotencyStore) region(r int) (start, size int) {
+	n, k := len(s.buckets), len(s.locks)
+	start = r * n / k
+	return start, (r+1)*n/k - start
+}
+
+// slot is where a key may live — a lock stripe, two distinct buckets of its
+// region, and its tag — and the time it was looked up, which both the
+// lookup and a later record use: one clock read per delivery.
 type slot struct {
-	i, j int
-	tag  uint64
-	now  int64 // ns since the store's epoch
+	stripe, i, j int
+	tag          uint64
+	now          int64 // ns since the store's epoch
 }
 
 // dedupSalt is the hash of a (topic, subscriber) pair; a key's slot is
@@ -116,44 +125,24 @@ func (s *MemoryIdempotencyStore) salt(topic, subscriber string) dedupSalt {
 
 func (s *MemoryIdempotencyStore) slotOf(salt dedupSalt, id string) slot {
 	a := maphash.String(s.seedA, id) ^ salt.a
-	n := uint64(len(s.buckets))
-	i := a % n
-	j := (a >> 32) % (n - 1) // a second bucket, different from i
+	// Both buckets lie in one stripe's region, so one lock covers them.
+	stripe := a % uint64(len(s.locks))
+	a /= uint64(len(s.locks))
+	start, size := s.region(int(stripe))
+	r := uint64(size)
+	i := a % r
+	j := (a / r) % (r - 1) // a second bucket, different from i
 	if j >= i {
 		j++
 	}
-	return slot{i: int(i), j: int(j), tag: (maphash.String(s.seedB, id) ^ salt.b) | 1, now: s.now()}
+	return slot{
+		stripe: int(stripe), i: start + int(i), j: start + int(j),
+		tag: (maphash.String(s.seedB, id) ^ salt.b) | 1, now: s.now(),
+	}
 }
 
 func (s *MemoryIdempotencyStore) locate(k *DeliveryKey) slot {
 	return s.slotOf(s.salt(k.Topic, k.Subscriber), k.MessageID)
-}
-
-// stripes returns the locks of both buckets, in locking order; b is nil
-// when both buckets share a stripe.
-func (s *MemoryIdempotencyStore) stripes(sl slot) (a, b *paddedMutex) {
-	x, y := sl.i%dedupLocks, sl.j%dedupLocks
-	switch {
-	case x == y:
-		return &s.locks[x], nil
-	case x > y:
-		x, y = y, x
-	}
-	return &s.locks[x], &s.locks[y]
-}
-
-func lock2(a, b *paddedMutex) {
-	a.Lock()
-	if b != nil {
-		b.Lock()
-	}
-}
-
-func unlock2(a, b *paddedMutex) {
-	if b != nil {
-		b.Unlock()
-	}
-	a.Unlock()
 }
 
 // now is the time since the store's epoch, from the monotonic clock.
@@ -172,9 +161,9 @@ func (s *MemoryIdempotencyStore) Record(_ context.Context, k DeliveryKey) error 
 
 func (s *MemoryIdempotencyStore) seen(sl slot) bool {
 	now := sl.now
-	la, lb := s.stripes(sl)
-	lock2(la, lb)
-	defer unlock2(la, lb)
+	mu := &s.locks[sl.stripe]
+	mu.Lock()
+	defer mu.Unlock()
 	for _, bi := range [2]int{sl.i, sl.j} {
 		for _, e := range &s.buckets[bi] {
 			if e.tag == sl.tag {
@@ -191,9 +180,9 @@ func (s *MemoryIdempotencyStore) seen(sl slot) bool {
 func (s *MemoryIdempotencyStore) record(sl slot) {
 	now := sl.now
 	expires := now + int64(s.window)
-	la, lb := s.stripes(sl)
-	lock2(la, lb)
-	defer unlock2(la, lb)
+	mu := &s.locks[sl.stripe]
+	mu.Lock()
+	defer mu.Unlock()
 	bi, bj := &s.buckets[sl.i], &s.buckets[sl.j]
 	var free [2]int
 	var firstFree [2]int
@@ -228,15 +217,17 @@ func (s *MemoryIdempotencyStore) record(sl slot) {
 // Len returns how many delivered IDs are remembered and not expired.
 func (s *MemoryIdempotencyStore) Len() int {
 	now, n := s.now(), 0
-	for i := range s.buckets {
-		mu := &s.locks[i%dedupLocks]
-		mu.Lock()
-		for _, e := range &s.buckets[i] {
-			if e.tag != 0 && now < e.expires {
-				n++
+	for r := range s.locks {
+		start, size := s.region(r)
+		s.locks[r].Lock()
+		for i := start; i < start+size; i++ {
+			for _, e := range &s.buckets[i] {
+				if e.tag != 0 && now < e.expires {
+					n++
+				}
 			}
 		}
-		mu.Unlock()
+		s.locks[r].Unlock()
 	}
 	return n
 }
