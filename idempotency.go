@@ -3,7 +3,8 @@ package broker
 import (
 	"context"
 	"hash/maphash"
-	"sync"
+	"math"
+	"sync/atomic"
 	"time"
 )
 
@@ -39,42 +40,38 @@ type IdempotencyStore interface {
 // window bounded both in time (an entry is remembered for window after it
 // was recorded; for the broker's own deliveries, after the delivery
 // started) and in entries (a fixed table allocated once). It is safe for
-// concurrent use.
+// concurrent use and takes no lock: entries are read and written with
+// atomic operations.
 //
 // The table is set-associative with two choices: a key's hash picks two
 // buckets of four entries (one cache line each); a lookup checks both, and a
-// new entry takes an empty or expired slot of either, or else replaces the
-// oldest of the eight. So a lookup touches two cache lines and allocates
-// nothing, and the bound is exact. The price: an entry can be forgotten
-// before its window ends when the table is nearly full — a duplicate then
-// gets through, which at-least-once allows, while a message is never taken
-// for a duplicate it is not. Keys are kept as 128-bit hashes of (topic,
-// subscriber, message ID) with per-store random seeds: two distinct keys
-// look alike with a probability of about 2^-125 per lookup.
+// new entry takes an empty or expired slot of the emptier bucket, or else
+// replaces the oldest of the eight. So a lookup touches two cache lines and
+// allocates nothing, and the bound is exact. The price: an entry can be
+// forgotten before its window ends when the table is nearly full, or when
+// two records race for one slot — a duplicate then gets through, which
+// at-least-once allows — while a message is never taken for a duplicate it
+// is not. Keys are kept as 128-bit hashes of (topic, subscriber, message
+// ID) with per-store random seeds: two distinct keys look alike with a
+// probability of about 2^-125 per lookup.
 type MemoryIdempotencyStore struct {
 	window       time.Duration
 	epoch        time.Time // monotonic base for expiry times
 	seedA, seedB maphash.Seed
-	buckets      []dedupBucket // split into one region per lock stripe
-	locks        []paddedMutex // lock r guards region r (see region)
+	buckets      []dedupBucket
 }
 
 var _ IdempotencyStore = (*MemoryIdempotencyStore)(nil)
 
-const (
-	dedupWays    = 4  // entries per bucket: 4 × 16 bytes is one cache line
-	dedupStripes = 64 // most lock stripes
-)
+// dedupWays is the entries per bucket: 4 × 16 bytes is one cache line.
+const dedupWays = 4
 
 // dedupBucket holds up to dedupWays entries; a zero tag is an empty slot.
+// A record writes expires before tag, so a reader that sees a tag sees an
+// expiry at least as new as the one written with it.
 type dedupBucket [dedupWays]struct {
-	tag     uint64 // second hash of the key, never 0
-	expires int64  // ns since the store's epoch
-}
-
-type paddedMutex struct {
-	sync.Mutex
-	_ [cacheLine - 8]byte
+	tag     atomic.Uint64 // second hash of the key, never 0
+	expires atomic.Int64  // ns since the store's epoch
 }
 
 // NewMemoryIdempotencyStore returns a store remembering delivered IDs for
@@ -88,29 +85,20 @@ func NewMemoryIdempotencyStore(window time.Duration, maxEntries int) *MemoryIdem
 	if maxEntries <= 0 {
 		maxEntries = DefaultDedupEntries
 	}
-	buckets := max((maxEntries+dedupWays-1)/dedupWays, 2)
 	return &MemoryIdempotencyStore{
 		window: window, epoch: time.Now(),
 		seedA: maphash.MakeSeed(), seedB: maphash.MakeSeed(),
-		buckets: make([]dedupBucket, buckets),
-		locks:   make([]paddedMutex, min(dedupStripes, buckets/2)), // regions of 2 buckets or more
+		buckets: make([]dedupBucket, max((maxEntries+dedupWays-1)/dedupWays, 2)),
 	}
 }
 
-// region returns the first bucket of lock stripe r's region and its size.
-func (s *MemoryIdempotencyStore) region(r int) (start, size int) {
-	n, k := len(s.buckets), len(s.locks)
-	start = r * n / k
-	return start, (r+1)*n/k - start
-}
-
-// slot is where a key may live — a lock stripe, two distinct buckets of its
-// region, and its tag — and the time it was looked up, which both the
-// lookup and a later record use: one clock read per delivery.
+// slot is where a key may live — two distinct buckets, and its tag — and
+// the time it was looked up, which both the lookup and a later record use:
+// one clock read per delivery.
 type slot struct {
-	stripe, i, j int
-	tag          uint64
-	now          int64 // ns since the store's epoch
+	i, j int
+	tag  uint64
+	now  int64 // ns since the store's epoch
 }
 
 // dedupSalt is the hash of a (topic, subscriber) pair; a key's slot is
@@ -125,20 +113,13 @@ func (s *MemoryIdempotencyStore) salt(topic, subscriber string) dedupSalt {
 
 func (s *MemoryIdempotencyStore) slotOf(salt dedupSalt, id string) slot {
 	a := maphash.String(s.seedA, id) ^ salt.a
-	// Both buckets lie in one stripe's region, so one lock covers them.
-	stripe := a % uint64(len(s.locks))
-	a /= uint64(len(s.locks))
-	start, size := s.region(int(stripe))
-	r := uint64(size)
-	i := a % r
-	j := (a / r) % (r - 1) // a second bucket, different from i
+	n := uint64(len(s.buckets))
+	i := a % n
+	j := (a >> 32) % (n - 1) // a second bucket, different from i
 	if j >= i {
 		j++
 	}
-	return slot{
-		stripe: int(stripe), i: start + int(i), j: start + int(j),
-		tag: (maphash.String(s.seedB, id) ^ salt.b) | 1, now: s.now(),
-	}
+	return slot{i: int(i), j: int(j), tag: (maphash.String(s.seedB, id) ^ salt.b) | 1, now: s.now()}
 }
 
 func (s *MemoryIdempotencyStore) locate(k *DeliveryKey) slot {
@@ -160,14 +141,10 @@ func (s *MemoryIdempotencyStore) Record(_ context.Context, k DeliveryKey) error 
 }
 
 func (s *MemoryIdempotencyStore) seen(sl slot) bool {
-	now := sl.now
-	mu := &s.locks[sl.stripe]
-	mu.Lock()
-	defer mu.Unlock()
-	for _, bi := range [2]int{sl.i, sl.j} {
-		for _, e := range &s.buckets[bi] {
-			if e.tag == sl.tag {
-				return now < e.expires
+	for _, b := range [2]*dedupBucket{&s.buckets[sl.i], &s.buckets[sl.j]} {
+		for x := range b {
+			if b[x].tag.Load() == sl.tag {
+				return sl.now < b[x].expires.Load()
 			}
 		}
 	}
@@ -178,56 +155,49 @@ func (s *MemoryIdempotencyStore) seen(sl slot) bool {
 // in a free (empty or expired) slot of the emptier of its two buckets, else
 // in place of the entry of the two that expires first.
 func (s *MemoryIdempotencyStore) record(sl slot) {
-	now := sl.now
-	expires := now + int64(s.window)
-	mu := &s.locks[sl.stripe]
-	mu.Lock()
-	defer mu.Unlock()
-	bi, bj := &s.buckets[sl.i], &s.buckets[sl.j]
-	var free [2]int
-	var firstFree [2]int
-	oldest := &bi[0]
-	for n, b := range [2]*dedupBucket{bi, bj} {
+	expires := sl.now + int64(s.window)
+	bs := [2]*dedupBucket{&s.buckets[sl.i], &s.buckets[sl.j]}
+	var free, firstFree [2]int
+	victim, oldest := &bs[0][0], int64(math.MaxInt64)
+	for n, b := range bs {
 		for x := range b {
 			e := &b[x]
-			if e.tag == sl.tag {
-				e.expires = expires
+			if e.tag.Load() == sl.tag {
+				e.expires.Store(expires)
 				return
 			}
-			if e.expires <= now { // empty (0) or expired
+			exp := e.expires.Load()
+			if exp <= sl.now { // empty (0) or expired
 				if free[n] == 0 {
 					firstFree[n] = x
 				}
 				free[n]++
 			}
-			if e.expires < oldest.expires {
-				oldest = e
+			if exp < oldest {
+				victim, oldest = e, exp
 			}
 		}
 	}
 	switch {
 	case free[0] >= free[1] && free[0] > 0:
-		oldest = &bi[firstFree[0]]
+		victim = &bs[0][firstFree[0]]
 	case free[1] > 0:
-		oldest = &bj[firstFree[1]]
+		victim = &bs[1][firstFree[1]]
 	}
-	oldest.tag, oldest.expires = sl.tag, expires
+	victim.expires.Store(expires)
+	victim.tag.Store(sl.tag)
 }
 
 // Len returns how many delivered IDs are remembered and not expired.
 func (s *MemoryIdempotencyStore) Len() int {
 	now, n := s.now(), 0
-	for r := range s.locks {
-		start, size := s.region(r)
-		s.locks[r].Lock()
-		for i := start; i < start+size; i++ {
-			for _, e := range &s.buckets[i] {
-				if e.tag != 0 && now < e.expires {
-					n++
-				}
+	for i := range s.buckets {
+		for x := range s.buckets[i] {
+			e := &s.buckets[i][x]
+			if e.tag.Load() != 0 && now < e.expires.Load() {
+				n++
 			}
 		}
-		s.locks[r].Unlock()
 	}
 	return n
 }
