@@ -61,14 +61,7 @@ func New[T any](capacity int) *Queue[T] {
 func (q *Queue[T]) TryPush(v T) error {
 	q.mu.Lock()
 	err := q.pushLocked(v)
-	wake := err == nil && q.sleeping
-	if wake {
-		q.sleeping = false
-	}
-	q.mu.Unlock()
-	if wake {
-		q.wake()
-	}
+	q.unlockAfterPush(err == nil)
 	return err
 }
 
@@ -82,24 +75,9 @@ func (q *Queue[T]) TryPushN(vs []T) (int, error) {
 	}
 	k := min(len(vs), q.limit-q.n)
 	for _, v := range vs[:k] {
-		if q.n == len(q.buf) {
-			q.grow()
-		}
-		i := q.head + q.n
-		if i >= len(q.buf) {
-			i -= len(q.buf)
-		}
-		q.buf[i] = v
-		q.n++
+		q.appendLocked(v)
 	}
-	wake := k > 0 && q.sleeping
-	if wake {
-		q.sleeping = false
-	}
-	q.mu.Unlock()
-	if wake {
-		q.wake()
-	}
+	q.unlockAfterPush(k > 0)
 	return k, nil
 }
 
@@ -111,14 +89,7 @@ func (q *Queue[T]) PushWait(v T, stop1, stop2 <-chan struct{}, deadline <-chan t
 		q.mu.Lock()
 		err := q.pushLocked(v)
 		if err != ErrFull {
-			wake := err == nil && q.sleeping
-			if wake {
-				q.sleeping = false
-			}
-			q.mu.Unlock()
-			if wake {
-				q.wake()
-			}
+			q.unlockAfterPush(err == nil)
 			return err
 		}
 		if q.room == nil {
@@ -138,6 +109,7 @@ func (q *Queue[T]) PushWait(v T, stop1, stop2 <-chan struct{}, deadline <-chan t
 	}
 }
 
+// pushLocked appends v unless the queue is closed or full.
 func (q *Queue[T]) pushLocked(v T) error {
 	if q.closed {
 		return ErrClosed
@@ -145,6 +117,12 @@ func (q *Queue[T]) pushLocked(v T) error {
 	if q.n == q.limit {
 		return ErrFull
 	}
+	q.appendLocked(v)
+	return nil
+}
+
+// appendLocked appends v to a queue with room, growing the ring if needed.
+func (q *Queue[T]) appendLocked(v T) {
 	if q.n == len(q.buf) {
 		q.grow()
 	}
@@ -154,7 +132,19 @@ func (q *Queue[T]) pushLocked(v T) error {
 	}
 	q.buf[i] = v
 	q.n++
-	return nil
+}
+
+// unlockAfterPush releases the lock and, if something was pushed while the
+// consumer sleeps, wakes it.
+func (q *Queue[T]) unlockAfterPush(pushed bool) {
+	wake := pushed && q.sleeping
+	if wake {
+		q.sleeping = false
+	}
+	q.mu.Unlock()
+	if wake {
+		q.wake()
+	}
 }
 
 // grow doubles the ring (up to limit), unrolling it so head is 0.
