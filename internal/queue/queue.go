@@ -166,10 +166,33 @@ func (q *Queue[T]) wake() {
 // Wait blocks the consumer until the queue holds an item (true), or it is
 // closed and empty, or stop is closed (false).
 func (q *Queue[T]) Wait(stop <-chan struct{}) bool {
+	if !q.awaitLocked(stop) {
+		return false
+	}
+	q.mu.Unlock()
+	return true
+}
+
+// PopWait removes and returns the oldest item, waiting for one until the
+// queue is closed and empty or stop is closed (ok false). Only the consumer
+// may call it. It is Wait and Pop under one lock when an item is there.
+func (q *Queue[T]) PopWait(stop <-chan struct{}) (v T, ok bool) {
+	if !q.awaitLocked(stop) {
+		return v, false
+	}
+	v = q.buf[q.head]
+	q.removeLocked()
+	q.mu.Unlock()
+	return v, true
+}
+
+// awaitLocked waits until the queue holds an item and returns true with
+// q.mu held, or returns false (lock released) when the queue is closed and
+// empty or stop is closed.
+func (q *Queue[T]) awaitLocked(stop <-chan struct{}) bool {
 	for {
 		q.mu.Lock()
 		if q.n > 0 {
-			q.mu.Unlock()
 			return true
 		}
 		if q.closed {
@@ -185,35 +208,6 @@ func (q *Queue[T]) Wait(stop <-chan struct{}) bool {
 			q.sleeping = false
 			q.mu.Unlock()
 			return false
-		}
-	}
-}
-
-// PopWait removes and returns the oldest item, waiting for one until the
-// queue is closed and empty or stop is closed (ok false). Only the consumer
-// may call it. It is Wait and Pop under one lock when an item is there.
-func (q *Queue[T]) PopWait(stop <-chan struct{}) (v T, ok bool) {
-	for {
-		q.mu.Lock()
-		if q.n > 0 {
-			v = q.buf[q.head]
-			q.removeLocked()
-			q.mu.Unlock()
-			return v, true
-		}
-		if q.closed {
-			q.mu.Unlock()
-			return v, false
-		}
-		q.sleeping = true
-		q.mu.Unlock()
-		select {
-		case <-q.ready:
-		case <-stop:
-			q.mu.Lock()
-			q.sleeping = false
-			q.mu.Unlock()
-			return v, false
 		}
 	}
 }
