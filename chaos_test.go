@@ -140,6 +140,8 @@ type chaosRun struct {
 	published []string       // "topic/id" of each accepted publish, in order
 	slowPubs  []string       // publishes that blocked past their bound
 	redriven  map[string]int // "topic/name" → dead letters redriven (and so removed from the store)
+	unsubDLs  map[string]int // "topic/name" → dead letters its Unsubscribe calls reported
+	redrivenU map[string]int // "topic/name" → redriven dead letters of reason "unsubscribed"
 	dls       []DeadLetter
 }
 
@@ -147,6 +149,7 @@ func newChaosRun(t *testing.T, seed uint64) *chaosRun {
 	r := &chaosRun{
 		t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15)),
 		dedups: map[string]int{}, accepted: map[string]int{}, redriven: map[string]int{},
+		unsubDLs: map[string]int{}, redrivenU: map[string]int{},
 	}
 	rng := r.rng
 	r.pubTimeout = []time.Duration{0, time.Millisecond, 10 * time.Millisecond, 100 * time.Millisecond}[rng.IntN(4)]
@@ -417,6 +420,11 @@ func (r *chaosRun) chaos(rng *rand.Rand, stop <-chan struct{}) {
 			if err != nil && !errors.As(err, &de) && !errors.Is(err, context.DeadlineExceeded) {
 				r.t.Errorf("unsubscribe %s/%s: %v", s.topic, s.name, err)
 			}
+			if de != nil {
+				r.mu.Lock()
+				r.unsubDLs[s.topic+"/"+s.name] += de.DeadLettered
+				r.mu.Unlock()
+			}
 			time.Sleep(time.Duration(rng.IntN(10)) * time.Millisecond)
 			r.subscribe(s)
 		case 2: // redrive some dead letters of redrivable subscribers
@@ -426,11 +434,11 @@ func (r *chaosRun) chaos(rng *rand.Rand, stop <-chan struct{}) {
 				return
 			}
 			var ids []string
-			owner := map[string]string{}
+			owner := map[string]DeadLetter{}
 			for _, dl := range dls {
 				if r.sub(dl.Message.Topic, dl.Subscriber).redrivable && rng.IntN(2) == 0 {
 					ids = append(ids, dl.ID)
-					owner[dl.ID] = dl.Message.Topic + "/" + dl.Subscriber
+					owner[dl.ID] = dl
 				}
 			}
 			n, err := r.b.Redrive(context.Background(), ids...)
@@ -442,8 +450,13 @@ func (r *chaosRun) chaos(rng *rand.Rand, stop <-chan struct{}) {
 			gone := 0
 			for _, id := range ids { // an accepted dead letter left the store
 				if _, ok, _ := r.b.DeadLetters().Get(context.Background(), id); !ok {
+					dl := owner[id]
+					k := dl.Message.Topic + "/" + dl.Subscriber
 					r.mu.Lock()
-					r.redriven[owner[id]]++
+					r.redriven[k]++
+					if dl.Reason == ReasonUnsubscribed {
+						r.redrivenU[k]++
+					}
 					r.mu.Unlock()
 					gone++
 				}
@@ -507,9 +520,13 @@ func (r *chaosRun) verify() {
 	}
 	dead := map[key]int{}
 	deadBySub := map[string]int{}
+	unsubBySub := map[string]int{}
 	for _, dl := range r.dls {
 		dead[key{dl.Message.Topic, dl.Subscriber, dl.Message.ID}]++
 		deadBySub[dl.Message.Topic+"/"+dl.Subscriber]++
+		if dl.Reason == ReasonUnsubscribed {
+			unsubBySub[dl.Message.Topic+"/"+dl.Subscriber]++
+		}
 		sub := r.sub(dl.Message.Topic, dl.Subscriber)
 		switch dl.Reason {
 		case ReasonExhausted: // every allowed attempt was made for the last code
@@ -550,6 +567,11 @@ func (r *chaosRun) verify() {
 		ended += dedup + deadTotal
 		if uint64(ended) != ss.Routed {
 			t.Errorf("%s/%s: routed %d, but %d ended (delivered+deduplicated+dead-lettered)", s.topic, s.name, ss.Routed, ended)
+		}
+		// Unsubscribe reported exactly the dead letters it made.
+		if k := s.topic + "/" + s.name; unsubBySub[k]+r.redrivenU[k] != r.unsubDLs[k] {
+			t.Errorf("%s/%s: Unsubscribe calls reported %d dead letters, %d have reason unsubscribed (%d of them redriven)",
+				s.topic, s.name, r.unsubDLs[k], unsubBySub[k]+r.redrivenU[k], r.redrivenU[k])
 		}
 		if ss.Queued != 0 || ss.InFlight != 0 {
 			t.Errorf("%s/%s: %d queued and %d in flight after Close", s.topic, s.name, ss.Queued, ss.InFlight)

@@ -43,11 +43,11 @@ func (t *topic) dispatch() {
 	defer t.b.wg.Done()
 	var (
 		envs [dispatchBatch]envelope
-		got  []int // per subscriber: how many of the batch it has
+		r    batchRoute
 	)
 	for t.q.Wait(nil) {
 		n := t.q.PeekN(envs[:])
-		got = t.routeBatch(envs[:n], got)
+		t.routeBatch(envs[:n], &r)
 		clear(envs[:n]) // drop references for the garbage collector
 	}
 	for _, s := range *t.subs.Load() {
@@ -55,37 +55,74 @@ func (t *topic) dispatch() {
 	}
 }
 
+// batchRoute is the dispatcher's view of the subscribers while it routes a
+// batch; its slices are reused from batch to batch.
+type batchRoute struct {
+	snap *[]*Subscription // the routing snapshot subs follows
+	subs []*Subscription
+	got  []int // per subscriber: how many of the batch it has (or skips)
+}
+
+// follow brings r up to date with the routing snapshot when message i of
+// the batch is next: a subscriber that joined meanwhile gets the batch from
+// message i on, one that left gets no more of it.
+func (r *batchRoute) follow(snap *[]*Subscription, i int) {
+	if snap == r.snap {
+		return
+	}
+	subs := make([]*Subscription, 0, len(*snap))
+	got := make([]int, 0, len(*snap))
+	for _, s := range *snap {
+		g := i
+		for k, old := range r.subs {
+			if old == s {
+				g = r.got[k]
+				break
+			}
+		}
+		subs, got = append(subs, s), append(got, g)
+	}
+	r.snap, r.subs, r.got = snap, subs, got
+}
+
+// reset starts a batch with the current snapshot.
+func (r *batchRoute) reset(snap *[]*Subscription) {
+	r.snap = snap
+	r.subs = append(r.subs[:0], *snap...)
+	r.got = r.got[:0]
+	for range r.subs {
+		r.got = append(r.got, 0)
+	}
+}
+
 // routeBatch hands a batch of messages, in order, to every current
 // subscriber, then removes them from the topic queue. Each subscriber first
 // takes what fits in its lane under one lock; where a lane is full (or
 // closed) the batch goes on message by message, waiting for room
-// (backpressure). A message counts as queued in the topic until every
-// subscriber has it: before each wait the fully routed prefix is removed.
-// A subscriber stopping at once gets its messages as dead letters; one
-// leaving gracefully does not get them. got is scratch space, returned for
-// reuse.
-func (t *topic) routeBatch(envs []envelope, got []int) []int {
+// (backpressure), and following subscribers who join or leave meanwhile. A
+// message counts as queued in the topic until every subscriber has it:
+// before each wait the fully routed prefix is removed. A subscriber
+// stopping at once gets its messages as dead letters; one leaving does not
+// get them.
+func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 	n := len(envs)
-	subs := *t.subs.Load()
-	if cap(got) < len(subs) {
-		got = make([]int, len(subs))
-	}
-	got = got[:len(subs)]
+	r.reset(t.subs.Load())
 	var accepted [dispatchBatch]bool
-	for si, s := range subs {
-		got[si] = s.tryRouteN(envs)
-		markAccepted(accepted[:], 0, got[si])
+	for si, s := range r.subs {
+		r.got[si] = s.tryRouteN(envs)
+		markAccepted(accepted[:], 0, r.got[si])
 	}
 	done := 0 // removed from the topic queue
 	freePrefix := func() {
-		if p := minOf(got, n); p > done {
+		if p := minOf(r.got, n); p > done {
 			t.q.AdvanceN(p - done)
 			done = p
 		}
 	}
 	for i := range n {
-		for si, s := range subs {
-			if got[si] > i {
+		r.follow(t.subs.Load(), i)
+		for si, s := range r.subs {
+			if r.got[si] > i {
 				continue
 			}
 			if s.route(&envs[i], nil, nil, freePrefix) == nil {
@@ -93,7 +130,7 @@ func (t *topic) routeBatch(envs []envelope, got []int) []int {
 			}
 			k := s.tryRouteN(envs[i+1:])
 			markAccepted(accepted[:], i+1, i+1+k)
-			got[si] = i + 1 + k
+			r.got[si] = i + 1 + k
 		}
 	}
 	t.q.AdvanceN(n - done)
@@ -105,7 +142,6 @@ func (t *topic) routeBatch(envs []envelope, got []int) []int {
 			}
 		}
 	}
-	return got
 }
 
 func markAccepted(a []bool, from, to int) {
@@ -133,8 +169,10 @@ func (t *topic) addSubLocked(s *Subscription) {
 }
 
 // removeSubLocked takes s out of the routing snapshot (it stays in active
-// until its Unsubscribe returns, keeping the name taken).
+// until its Unsubscribe returns, keeping the name taken). A dispatcher that
+// still holds an older snapshot sees s.removed and routes nothing more to it.
 func (t *topic) removeSubLocked(s *Subscription) {
+	s.removed.Store(true)
 	old := *t.subs.Load()
 	subs := make([]*Subscription, 0, len(old))
 	for _, x := range old {

@@ -38,8 +38,7 @@ type IdempotencyStore interface {
 
 // MemoryIdempotencyStore is the default IdempotencyStore: an in-memory
 // window bounded both in time (an entry is remembered for window after it
-// was recorded; for the broker's own deliveries, after the delivery
-// started) and in entries (a fixed table allocated once). It is safe for
+// was recorded) and in entries (a fixed table allocated once). It is safe for
 // concurrent use and takes no lock: entries are read and written with
 // atomic operations.
 //
@@ -51,9 +50,9 @@ type IdempotencyStore interface {
 // forgotten before its window ends when the table is nearly full, or when
 // two records race for one slot — a duplicate then gets through, which
 // at-least-once allows — while a message is never taken for a duplicate it
-// is not. Keys are kept as 128-bit hashes of (topic, subscriber, message
-// ID) with per-store random seeds: two distinct keys look alike with a
-// probability of about 2^-125 per lookup.
+// is not — unless its 63-bit tag matches one of the eight entries a lookup
+// compares, which has a probability of about 2^-60 per lookup (keys are
+// hashed with per-store random seeds).
 type MemoryIdempotencyStore struct {
 	window       time.Duration
 	epoch        time.Time // monotonic base for expiry times
@@ -93,8 +92,7 @@ func NewMemoryIdempotencyStore(window time.Duration, maxEntries int) *MemoryIdem
 }
 
 // slot is where a key may live — two distinct buckets, and its tag — and
-// the time it was looked up, which both the lookup and a later record use:
-// one clock read per delivery.
+// the time it was looked up.
 type slot struct {
 	i, j int
 	tag  uint64
@@ -155,7 +153,11 @@ func (s *MemoryIdempotencyStore) seen(sl slot) bool {
 // in a free (empty or expired) slot of the emptier of its two buckets, else
 // in place of the entry of the two that expires first.
 func (s *MemoryIdempotencyStore) record(sl slot) {
-	expires := sl.now + int64(s.window)
+	sl.now = s.now() // the window starts when the delivery ended
+	expires := int64(math.MaxInt64)
+	if w := int64(s.window); sl.now < math.MaxInt64-w {
+		expires = sl.now + w
+	}
 	bs := [2]*dedupBucket{&s.buckets[sl.i], &s.buckets[sl.j]}
 	var free, firstFree [2]int
 	victim, oldest := &bs[0][0], int64(math.MaxInt64)

@@ -21,7 +21,7 @@ type Stats struct {
 type TopicStats struct {
 	Published uint64 // messages accepted into the topic queue
 	Rejected  uint64 // publishes refused because the queue stayed full (ErrQueueFull, or ctx ended while waiting)
-	Unrouted  uint64 // messages dispatched while the topic had no subscriber
+	Unrouted  uint64 // messages dispatched while the topic had no subscriber to take them (none, or only ones leaving)
 	Queued    int    // messages waiting in the topic queue
 	Capacity  int    // topic queue capacity
 	// OldestAge is how long the oldest message in the topic queue has been

@@ -2,7 +2,9 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -169,5 +171,106 @@ func TestRedriveDuringClose(t *testing.T) {
 			assert.Equal(t, shutdown, de.DeadLettered)
 		}
 		requireConserved(t, b.Stats())
+	})
+}
+
+// Unsubscribe whose ctx ends reports every dead letter of its subscriber:
+// a dispatcher still holding an older routing snapshot mid-batch routes
+// nothing more to it (it used to dead-letter more after Unsubscribe returned).
+func TestNoDeadLettersAfterUnsubscribeReturns(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithQueueSize(8))
+		release := make(chan struct{})
+		_, err := b.Subscribe("t", "a", func(ctx context.Context, m Message) error {
+			<-release
+			return nil
+		}, LaneSize(1))
+		require.NoError(t, err)
+		s, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}, LaneSize(1))
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 6)
+		idle()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		err = s.Unsubscribe(ctx)
+		var de *DrainError
+		require.True(t, errors.As(err, &de), "err %v", err)
+		close(release)
+		idle()
+		var forS int
+		for _, dl := range deadLetters(t, b) {
+			if dl.Subscriber == "s" {
+				forS++
+			}
+		}
+		assert.Equal(t, de.DeadLettered, forS, "dead letters for s after Unsubscribe returned")
+	})
+}
+
+// A subscriber that joins while the dispatcher waits mid-batch gets the rest
+// of that batch: those messages were still queued in the topic.
+func TestJoinerMidBatchGetsTheRest(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithQueueSize(8))
+		release := make(chan struct{})
+		_, err := b.Subscribe("t", "a", func(ctx context.Context, m Message) error {
+			<-release
+			return nil
+		}, LaneSize(1))
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 6) // a: m-0 running, m-1 in lane, dispatcher waits with m-2
+		idle()
+		queued := b.Stats().Topics["t"].Queued
+		var late calls
+		_, err = b.Subscribe("t", "late", okHandler(&late))
+		require.NoError(t, err)
+		close(release)
+		settle(t, b)
+		assert.GreaterOrEqual(t, late.len(), queued-1, "late joiner should get what was still queued and routed to nobody")
+	})
+}
+
+// A "forever" window must not overflow now+window (which remembered nothing).
+func TestHugeDedupWindow(t *testing.T) {
+	st := NewMemoryIdempotencyStore(math.MaxInt64, 100)
+	k := DeliveryKey{Topic: "t", Subscriber: "s", MessageID: "x"}
+	require.NoError(t, st.Record(context.Background(), k))
+	seen, _ := st.Seen(context.Background(), k)
+	assert.True(t, seen, "recorded key must be seen within an unbounded window")
+
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithIdempotencyStore(NewMemoryIdempotencyStore(math.MaxInt64, 100)))
+		var c calls
+		_, err := b.Subscribe("t", "s", okHandler(&c))
+		require.NoError(t, err)
+		time.Sleep(time.Millisecond)
+		for range 3 {
+			require.NoError(t, b.Publish(context.Background(), Message{ID: "dup", Topic: "t"}))
+		}
+		settle(t, b)
+		assert.Equal(t, 1, c.len(), "handler runs for one ID")
+	})
+}
+
+// The window counts from the end of the delivery: one that takes longer than
+// the window is still remembered.
+func TestSlowDeliveryIsRemembered(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithIdempotencyStore(NewMemoryIdempotencyStore(time.Second, 100)))
+		var c calls
+		_, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
+			c.add(m)
+			time.Sleep(2 * time.Second)
+			return nil
+		})
+		require.NoError(t, err)
+		for range 2 {
+			require.NoError(t, b.Publish(context.Background(), Message{ID: "dup", Topic: "t"}))
+		}
+		settle(t, b)
+		assert.Equal(t, 1, c.len(), "second copy arrived right after the first was delivered")
 	})
 }

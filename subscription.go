@@ -26,6 +26,7 @@ type Subscription struct {
 	ctx    context.Context         // handlers' base context; cancelled to stop at once
 	cancel context.CancelCauseFunc // with errShutdown or errUnsubscribed
 
+	removed   atomic.Bool   // out of the routing snapshot: route nothing more to it
 	live      atomic.Int32  // workers still running
 	done      chan struct{} // closed when the last worker returned
 	unsubOnce sync.Once
@@ -182,7 +183,7 @@ func (s *Subscription) route(env *envelope, cancel <-chan struct{}, deadline <-c
 		}
 		err = lane.PushWait(*env, s.ctx.Done(), cancel, deadline)
 	}
-	if err != nil && err != queue.ErrTimeout && stoppedAtOnce(s.ctx) {
+	if err != nil && err != queue.ErrTimeout && !s.removed.Load() && stoppedAtOnce(s.ctx) {
 		// Stopped at once while this message was on its way: it is this
 		// subscriber's, so it ends as a dead letter rather than vanishing.
 		s.c.inFlight.Add(1)
