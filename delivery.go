@@ -147,7 +147,7 @@ func (p *pipeline) attempt(ctx context.Context, msg *Message) step {
 	if p.timed {
 		start = time.Now()
 	}
-	err, timedOut := p.call(ctx, *msg)
+	err, timedOut := p.call(ctx, msg)
 	s := step{err: err}
 	if p.timed {
 		s.took = time.Since(start)
@@ -176,7 +176,7 @@ func (p *pipeline) attempt(ctx context.Context, msg *Message) step {
 // call runs the handler with the per-attempt deadline, turning a panic into
 // a *PanicError. timedOut reports that the deadline had passed when the
 // handler returned an error.
-func (p *pipeline) call(ctx context.Context, msg Message) (err error, timedOut bool) {
+func (p *pipeline) call(ctx context.Context, msg *Message) (err error, timedOut bool) {
 	if p.timeout <= 0 {
 		return p.safeCall(ctx, msg), false
 	}
@@ -190,13 +190,13 @@ func (p *pipeline) call(ctx context.Context, msg Message) (err error, timedOut b
 	return err, timedOut
 }
 
-func (p *pipeline) safeCall(ctx context.Context, msg Message) (err error) {
+func (p *pipeline) safeCall(ctx context.Context, msg *Message) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = newPanicError(v)
 		}
 	}()
-	return p.handler(ctx, msg)
+	return p.handler(ctx, *msg) // the handler gets its own copy
 }
 
 // sleep waits d, or until ctx ends.
