@@ -32,7 +32,8 @@ type pipeline struct {
 // envelope is a message on its way to one subscriber.
 type envelope struct {
 	msg     Message
-	redrive bool // from Redrive: skip the dedup check
+	redrive bool   // from Redrive: skip the dedup check
+	idh     idHash // msg.ID hashed for the default dedup store, once for all subscribers
 }
 
 // step is what follows one attempt.
@@ -57,7 +58,7 @@ func (p *pipeline) deliver(ctx context.Context, env *envelope) {
 		p.guard.acquire(msg.ID)
 		defer p.guard.release(msg.ID)
 	}
-	d := p.dedupKey(msg.ID)
+	d := p.dedupKey(env)
 	if p.dedup != nil && !env.redrive && p.seen(&d) {
 		p.rec.deduplicated(msg)
 		return
@@ -101,12 +102,15 @@ type dedupRef struct {
 	slot slot
 }
 
-func (p *pipeline) dedupKey(id string) dedupRef {
-	d := dedupRef{key: DeliveryKey{Topic: p.topic, Subscriber: p.subscriber, MessageID: id}}
-	if p.mem != nil {
-		d.slot = p.mem.slotOf(p.salt, id)
+func (p *pipeline) dedupKey(env *envelope) dedupRef {
+	if p.mem == nil {
+		return dedupRef{key: DeliveryKey{Topic: p.topic, Subscriber: p.subscriber, MessageID: env.msg.ID}}
 	}
-	return d
+	h := env.idh
+	if !h.ok {
+		h = p.mem.hashID(env.msg.ID)
+	}
+	return dedupRef{slot: p.mem.slotFor(p.salt, h)}
 }
 
 // seen asks the idempotency store whether d was delivered. A store error

@@ -106,6 +106,11 @@ func (r *batchRoute) reset(snap *[]*Subscription) {
 // get them.
 func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 	n := len(envs)
+	if mem, ok := t.b.cfg.dedup.(*MemoryIdempotencyStore); ok {
+		for i := range envs { // once here rather than once per subscriber
+			envs[i].idh = mem.hashID(envs[i].msg.ID)
+		}
+	}
 	r.reset(t.subs.Load())
 	var accepted [dispatchBatch]bool
 	for si, s := range r.subs {

@@ -109,15 +109,33 @@ func (s *MemoryIdempotencyStore) salt(topic, subscriber string) dedupSalt {
 	return dedupSalt{maphash.Comparable(s.seedA, k), maphash.Comparable(s.seedB, k)}
 }
 
+// idHash is a message ID hashed with the store's two seeds; the broker
+// computes it once per message and derives every subscriber's slot from it.
+type idHash struct {
+	a, b uint64
+	ok   bool // computed
+}
+
+func (s *MemoryIdempotencyStore) hashID(id string) idHash {
+	return idHash{a: maphash.String(s.seedA, id), b: maphash.String(s.seedB, id), ok: true}
+}
+
 func (s *MemoryIdempotencyStore) slotOf(salt dedupSalt, id string) slot {
-	a := maphash.String(s.seedA, id) ^ salt.a
+	return s.slotFor(salt, s.hashID(id))
+}
+
+// slotFor places a hashed ID of the subscriber with the given salt. Bucket
+// indexes come from multiplying 32-bit halves of the hash by the range
+// (no division).
+func (s *MemoryIdempotencyStore) slotFor(salt dedupSalt, h idHash) slot {
+	a := h.a ^ salt.a
 	n := uint64(len(s.buckets))
-	i := a % n
-	j := (a >> 32) % (n - 1) // a second bucket, different from i
+	i := (a >> 32) * n >> 32
+	j := (a & 0xffffffff) * (n - 1) >> 32 // a second bucket, different from i
 	if j >= i {
 		j++
 	}
-	return slot{i: int(i), j: int(j), tag: (maphash.String(s.seedB, id) ^ salt.b) | 1, now: s.now()}
+	return slot{i: int(i), j: int(j), tag: (h.b ^ salt.b) | 1, now: s.now()}
 }
 
 func (s *MemoryIdempotencyStore) locate(k *DeliveryKey) slot {
