@@ -107,7 +107,7 @@ func (p *pipeline) dedupKey(env *envelope) dedupRef {
 		return dedupRef{key: DeliveryKey{Topic: p.topic, Subscriber: p.subscriber, MessageID: env.msg.ID}}
 	}
 	h := env.idh
-	if !h.ok {
+	if h == (idHash{}) {
 		h = p.mem.hashID(env.msg.ID)
 	}
 	return dedupRef{slot: p.mem.slotFor(p.salt, h)}

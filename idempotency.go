@@ -111,13 +111,12 @@ func (s *MemoryIdempotencyStore) salt(topic, subscriber string) dedupSalt {
 
 // idHash is a message ID hashed with the store's two seeds; the broker
 // computes it once per message and derives every subscriber's slot from it.
-type idHash struct {
-	a, b uint64
-	ok   bool // computed
-}
+// The zero value means "not computed" (a real hash is zero with probability
+// 2^-128, which costs only a second computation).
+type idHash struct{ a, b uint64 }
 
 func (s *MemoryIdempotencyStore) hashID(id string) idHash {
-	return idHash{a: maphash.String(s.seedA, id), b: maphash.String(s.seedB, id), ok: true}
+	return idHash{a: maphash.String(s.seedA, id), b: maphash.String(s.seedB, id)}
 }
 
 func (s *MemoryIdempotencyStore) slotOf(salt dedupSalt, id string) slot {

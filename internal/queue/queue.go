@@ -25,8 +25,9 @@ var (
 	ErrTimeout = errors.New("queue: wait timed out")
 )
 
-// minAlloc is the ring size a queue starts with; it doubles up to its
-// capacity, so idle queues with a large bound cost little memory.
+// minAlloc is the ring size a queue starts with and never shrinks below; it
+// doubles up to its capacity as it fills, so idle queues with a large bound
+// cost little memory.
 const minAlloc = 16
 
 // Queue is a bounded FIFO. Any number of goroutines may push; exactly one
@@ -147,11 +148,20 @@ func (q *Queue[T]) unlockAfterPush(pushed bool) {
 	}
 }
 
-// grow doubles the ring (up to limit), unrolling it so head is 0.
-func (q *Queue[T]) grow() {
-	nb := make([]T, min(len(q.buf)*2, q.limit))
-	k := copy(nb, q.buf[q.head:])
-	copy(nb[k:], q.buf[:q.head])
+// grow doubles the ring (up to limit).
+func (q *Queue[T]) grow() { q.resize(min(len(q.buf)*2, q.limit)) }
+
+// resize moves the items to a ring of size slots (at least n), unrolled so
+// head is 0. The ring doubles as it fills and halves when it is down to a
+// quarter, so a queue that absorbed a burst gives the memory back.
+func (q *Queue[T]) resize(size int) {
+	nb := make([]T, size)
+	if q.head+q.n <= len(q.buf) {
+		copy(nb, q.buf[q.head:q.head+q.n])
+	} else {
+		k := copy(nb, q.buf[q.head:])
+		copy(nb[k:], q.buf[:q.n-k])
+	}
 	q.buf = nb
 	q.head = 0
 }
@@ -275,6 +285,9 @@ func (q *Queue[T]) removeLocked() {
 		q.head = 0
 	}
 	q.n--
+	if q.n <= len(q.buf)/4 && len(q.buf) > minAlloc {
+		q.resize(len(q.buf) / 2)
+	}
 	if q.room != nil {
 		close(q.room)
 		q.room = nil

@@ -237,3 +237,29 @@ func TestTryPushN(t *testing.T) {
 	assert.Zero(t, k)
 	assert.ErrorIs(t, err, ErrClosed)
 }
+
+func TestRingShrinksAfterABurst(t *testing.T) {
+	q := New[int](4096)
+	next, want := 0, 0
+	for range 3 { // fill to 1000 and drain, interleaved so the ring wraps
+		for q.Len() < 1000 {
+			require.NoError(t, q.TryPush(next))
+			next++
+			if next%3 == 0 {
+				v, _ := q.Pop()
+				require.Equal(t, want, v)
+				want++
+			}
+		}
+		assert.GreaterOrEqual(t, len(q.buf), 1000)
+		for {
+			v, ok := q.Pop()
+			if !ok {
+				break
+			}
+			require.Equal(t, want, v, "FIFO across resizes")
+			want++
+		}
+		assert.Equal(t, minAlloc, len(q.buf), "memory given back")
+	}
+}
