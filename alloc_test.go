@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"runtime"
 	"strconv"
 	"testing"
 )
@@ -61,5 +62,52 @@ func TestAllocations(t *testing.T) {
 				t.Errorf("%.2f allocations per message, want at most %v", got, tt.wanted)
 			}
 		})
+	}
+}
+
+// TestQueuedMessageOverhead pins the memory a queued message costs beyond
+// its payload: 100,000 messages queued behind a blocked subscriber.
+func TestQueuedMessageOverhead(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's shadow memory distorts heap figures")
+	}
+	const n = 100_000
+	b, err := New(WithLogger(discard), WithQueueSize(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	if _, err := b.Subscribe("t", "blocked", func(context.Context, Message) error {
+		<-release
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		close(release)
+		_ = b.Close(context.Background())
+	}()
+	msgs := make([]Message, n) // IDs and payloads exist before measuring
+	for i := range msgs {
+		msgs[i] = Message{ID: "m-" + strconv.Itoa(i), Topic: "t", Payload: make([]byte, 64)}
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for _, m := range msgs {
+		if err := b.Publish(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for b.Stats().Topics["t"].Subscribers["blocked"].Queued < n-1 {
+		runtime.Gosched()
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(msgs) // measured: the queue's own memory, not msgs freed
+	per := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / n
+	t.Logf("%.0f bytes per queued message beyond its payload", per)
+	if per > 256 {
+		t.Errorf("%.0f bytes per queued message, want at most 256", per)
 	}
 }
