@@ -25,10 +25,15 @@ var (
 	ErrTimeout = errors.New("queue: wait timed out")
 )
 
-// minAlloc is the ring size a queue starts with and never shrinks below; it
-// doubles up to its capacity as it fills, so idle queues with a large bound
-// cost little memory.
-const minAlloc = 16
+// minAlloc is the ring size a queue starts with; it doubles up to its
+// capacity as it fills, so idle queues with a large bound cost little
+// memory. When a queue empties with a ring larger than keepAlloc, the ring
+// goes back to keepAlloc: the memory of a burst is given back, while a
+// queue that keeps filling and emptying within keepAlloc never reallocates.
+const (
+	minAlloc  = 16
+	keepAlloc = 1024
+)
 
 // Queue is a bounded FIFO. Any number of goroutines may push; exactly one
 // goroutine (the owner) may consume with Peek, Advance, Pop and Wait.
@@ -152,8 +157,7 @@ func (q *Queue[T]) unlockAfterPush(pushed bool) {
 func (q *Queue[T]) grow() { q.resize(min(len(q.buf)*2, q.limit)) }
 
 // resize moves the items to a ring of size slots (at least n), unrolled so
-// head is 0. The ring doubles as it fills and halves when it is down to a
-// quarter, so a queue that absorbed a burst gives the memory back.
+// head is 0.
 func (q *Queue[T]) resize(size int) {
 	nb := make([]T, size)
 	if q.head+q.n <= len(q.buf) {
@@ -285,8 +289,8 @@ func (q *Queue[T]) removeLocked() {
 		q.head = 0
 	}
 	q.n--
-	if q.n <= len(q.buf)/4 && len(q.buf) > minAlloc {
-		q.resize(len(q.buf) / 2)
+	if q.n == 0 && len(q.buf) > keepAlloc {
+		q.resize(keepAlloc) // a burst is over: give its memory back
 	}
 	if q.room != nil {
 		close(q.room)
