@@ -66,13 +66,14 @@ func TestAllocations(t *testing.T) {
 }
 
 // TestQueuedMessageOverhead pins the memory a queued message costs beyond
-// its payload: 100,000 messages queued behind a blocked subscriber.
+// its payload: 100,000 messages queued behind a blocked subscriber (in its
+// lane; the topic queue keeps its default size).
 func TestQueuedMessageOverhead(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's shadow memory distorts heap figures")
 	}
 	const n = 100_000
-	b, err := New(WithLogger(discard), WithQueueSize(n))
+	b, err := New(WithLogger(discard))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +81,7 @@ func TestQueuedMessageOverhead(t *testing.T) {
 	if _, err := b.Subscribe("t", "blocked", func(context.Context, Message) error {
 		<-release
 		return nil
-	}); err != nil {
+	}, LaneSize(n)); err != nil {
 		t.Fatal(err)
 	}
 	defer func() {

@@ -27,13 +27,10 @@ var (
 
 // minAlloc is the ring size a queue starts with; it doubles up to its
 // capacity as it fills, so idle queues with a large bound cost little
-// memory. When a queue empties with a ring larger than keepAlloc, the ring
-// goes back to keepAlloc: the memory of a burst is given back, while a
-// queue that keeps filling and emptying within keepAlloc never reallocates.
-const (
-	minAlloc  = 16
-	keepAlloc = 1024
-)
+// memory. Like a channel's buffer, the ring then keeps its size: giving it
+// back when the queue empties made queues that fill and drain repeatedly
+// reallocate on every cycle (twice the time per message).
+const minAlloc = 16
 
 // Queue is a bounded FIFO. Any number of goroutines may push; exactly one
 // goroutine (the owner) may consume with Peek, Advance, Pop and Wait.
@@ -289,9 +286,6 @@ func (q *Queue[T]) removeLocked() {
 		q.head = 0
 	}
 	q.n--
-	if q.n == 0 && len(q.buf) > keepAlloc {
-		q.resize(keepAlloc) // a burst is over: give its memory back
-	}
 	if q.room != nil {
 		close(q.room)
 		q.room = nil

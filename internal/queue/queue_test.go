@@ -237,29 +237,3 @@ func TestTryPushN(t *testing.T) {
 	assert.Zero(t, k)
 	assert.ErrorIs(t, err, ErrClosed)
 }
-
-func TestRingShrinksAfterABurst(t *testing.T) {
-	q := New[int](8192)
-	next, want := 0, 0
-	for range 3 { // fill to 3000 and drain, interleaved so the ring wraps
-		for q.Len() < 3000 {
-			require.NoError(t, q.TryPush(next))
-			next++
-			if next%3 == 0 {
-				v, _ := q.Pop()
-				require.Equal(t, want, v)
-				want++
-			}
-		}
-		assert.GreaterOrEqual(t, len(q.buf), 3000)
-		for {
-			v, ok := q.Pop()
-			if !ok {
-				break
-			}
-			require.Equal(t, want, v, "FIFO across resizes")
-			want++
-		}
-		assert.Equal(t, keepAlloc, len(q.buf), "memory given back")
-	}
-}
