@@ -129,93 +129,71 @@ func (t *Table) Write(w io.Writer) {
 	fmt.Fprintf(w, "Machine: %s.  \n", Machine())
 	fmt.Fprintf(w, "Run: `%s`, %s, took %v.\n\n", t.Command, time.Now().UTC().Format("2006-01-02 15:04 UTC"), t.Elapsed.Round(time.Second))
 
-	fmt.Fprintln(w, "### Time per published message: ns/msg (× floor)")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "End to end: first publish to the last message handled by every subscriber, divided by the messages published (fan-out counts a message once, however many subscribers got it). Lower is better. The row says how many messages a cell publishes; a cell faster than -min-time was run again with more (see the message counts in the order table).")
-	fmt.Fprintln(w)
-	header("workload")
-	for _, wl := range t.Workloads {
-		floor, haveFloor := cell(wl, "floor")
-		fmt.Fprintf(w, "| %s |", rowName(wl))
-		for _, impl := range t.Impls {
-			r, ok := cell(wl, impl)
-			switch {
-			case !ok:
-				fmt.Fprint(w, " – |")
-			case r.Err != nil:
-				fmt.Fprintf(w, " %s |", fail(r))
-			case haveFloor && floor.Err == nil && floor.NsPerMsg > 0:
-				fmt.Fprintf(w, " %s (%s) |", fmtNs(r.NsPerMsg), fmtRatio(r.NsPerMsg/floor.NsPerMsg))
-			default:
-				fmt.Fprintf(w, " %s |", fmtNs(r.NsPerMsg))
-			}
-			if ok {
-				if impl, ok := ImplByName(impl); ok && impl.Note != nil {
-					if s := impl.Note(wl); s != "" {
-						note(wl.Name + " " + s)
-					}
+	// workloadTable writes one table with a row per workload and a column
+	// per implementation; text formats a cell that ran without error.
+	workloadTable := func(title, intro string, text func(wl Workload, impl string, r Result) string) {
+		fmt.Fprintln(w, title)
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, intro)
+		fmt.Fprintln(w)
+		header("workload")
+		for _, wl := range t.Workloads {
+			fmt.Fprintf(w, "| %s |", rowName(wl))
+			for _, impl := range t.Impls {
+				r, ok := cell(wl, impl)
+				switch {
+				case !ok:
+					fmt.Fprint(w, " – |")
+				case r.Err != nil:
+					fmt.Fprintf(w, " %s |", fail(r))
+				default:
+					fmt.Fprintf(w, " %s |", text(wl, impl, r))
 				}
 			}
+			fmt.Fprintln(w)
 		}
-		fmt.Fprintln(w)
 	}
 
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "### Allocations per published message: allocs/msg · B/msg")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Every heap allocation in the process during the cell (publishers, broker, subscribers, and for NATS the embedded server), divided by the messages published. Payloads are allocated once per cell, not per message.")
-	fmt.Fprintln(w)
-	header("workload")
-	for _, wl := range t.Workloads {
-		fmt.Fprintf(w, "| %s |", rowName(wl))
-		for _, impl := range t.Impls {
-			r, ok := cell(wl, impl)
-			switch {
-			case !ok:
-				fmt.Fprint(w, " – |")
-			case r.Err != nil:
-				fmt.Fprintf(w, " %s |", fail(r))
-			default:
-				fmt.Fprintf(w, " %s · %s |", fmtNum(r.AllocsPerMsg), fmtNum(r.BytesPerMsg))
+	workloadTable("### Time per published message: ns/msg (× floor)",
+		"End to end: first publish to the last message handled by every subscriber, divided by the messages published (fan-out counts a message once, however many subscribers got it). Lower is better. The row says how many messages a cell publishes; a cell faster than -min-time was run again with more (see the message counts in the order table).",
+		func(wl Workload, impl string, r Result) string {
+			if im, ok := ImplByName(impl); ok && im.Note != nil {
+				if s := im.Note(wl); s != "" {
+					note(wl.Name + " " + s)
+				}
 			}
-		}
-		fmt.Fprintln(w)
-	}
+			if floor, ok := cell(wl, "floor"); ok && floor.Err == nil && floor.NsPerMsg > 0 {
+				return fmt.Sprintf("%s (%s)", fmtNs(r.NsPerMsg), fmtRatio(r.NsPerMsg/floor.NsPerMsg))
+			}
+			return fmtNs(r.NsPerMsg)
+		})
 
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "### Order and redelivery: out-of-order deliveries (share of deliveries)")
+	workloadTable("### Allocations per published message: allocs/msg · B/msg",
+		"Every heap allocation in the process during the cell (publishers, broker, subscribers, and for NATS the embedded server), divided by the messages published. Payloads are allocated once per cell, not per message.",
+		func(_ Workload, _ string, r Result) string {
+			return fmt.Sprintf("%s · %s", fmtNum(r.AllocsPerMsg), fmtNum(r.BytesPerMsg))
+		})
+
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "A delivery is out of order when its subscriber already had a later message of the topic. With Concurrency 8 (W4) order is not promised by anyone. `dup` counts deliveries of a message the subscriber already had; `pub-retry` counts publishes retried after a backpressure refusal (ErrQueueFull, JetStream's stalled async publish).")
-	fmt.Fprintln(w)
-	header("workload")
-	for _, wl := range t.Workloads {
-		fmt.Fprintf(w, "| %s |", rowName(wl))
-		for _, impl := range t.Impls {
-			r, ok := cell(wl, impl)
-			switch {
-			case !ok:
-				fmt.Fprint(w, " – |")
-			case r.Err != nil:
-				fmt.Fprintf(w, " %s |", fail(r))
-			default:
-				s := "0"
-				if r.OutOfOrder > 0 {
-					s = fmt.Sprintf("%d (%.1f%%)", r.OutOfOrder, 100*float64(r.OutOfOrder)/float64(r.Deliveries))
-				}
-				if r.Duplicates > 0 {
-					s += fmt.Sprintf(", dup %d", r.Duplicates)
-				}
-				if r.PublishRetries > 0 {
-					s += fmt.Sprintf(", pub-retry %d", r.PublishRetries)
-				}
-				if r.Messages != wl.Messages(t.BaseN) {
-					s += fmt.Sprintf(" [%s msgs]", siLabel(float64(r.Messages)))
-				}
-				fmt.Fprintf(w, " %s |", s)
+	workloadTable("### Order and redelivery: out-of-order deliveries (share of deliveries)",
+		"A delivery is out of order when its subscriber already had a later message of the topic. With Concurrency 8 (W4) order is not promised by anyone. `dup` counts deliveries of a message the subscriber already had; `pub-retry` counts publishes retried after a backpressure refusal (ErrQueueFull, JetStream's stalled async publish).",
+		func(wl Workload, _ string, r Result) string {
+			s := "0"
+			if r.OutOfOrder > 0 {
+				s = fmt.Sprintf("%d (%.1f%%)", r.OutOfOrder, 100*float64(r.OutOfOrder)/float64(r.Deliveries))
 			}
-		}
-		fmt.Fprintln(w)
-	}
+			if r.Duplicates > 0 {
+				s += fmt.Sprintf(", dup %d", r.Duplicates)
+			}
+			if r.PublishRetries > 0 {
+				s += fmt.Sprintf(", pub-retry %d", r.PublishRetries)
+			}
+			if r.Messages != wl.Messages(t.BaseN) {
+				s += fmt.Sprintf(" [%s msgs]", siLabel(float64(r.Messages)))
+			}
+			return s
+		})
 
 	if len(t.Queued) > 0 {
 		fmt.Fprintln(w)
