@@ -347,10 +347,7 @@ func TestPerCodeRules(t *testing.T) {
 		code     string
 		gap      time.Duration
 	}{
-		{"timeout retried 3 times", func(ctx context.Context, m Message) error {
-			<-ctx.Done()
-			return ctx.Err()
-		}, 4, CodeTimeout, 50*time.Millisecond + 10*time.Millisecond},
+		{"timeout retried 3 times", blockUntilCancelled, 4, CodeTimeout, 50*time.Millisecond + 10*time.Millisecond},
 		{"invalid never retried", func(ctx context.Context, m Message) error {
 			return codedError{"invalid"}
 		}, 1, "invalid", 0},
@@ -452,10 +449,7 @@ func TestHandlerTimeout(t *testing.T) {
 		name    string
 		handler Handler
 	}{
-		{"handler honours ctx", func(ctx context.Context, m Message) error {
-			<-ctx.Done()
-			return ctx.Err()
-		}},
+		{"handler honours ctx", blockUntilCancelled},
 		{"handler ignores ctx and returns its own error late", func(ctx context.Context, m Message) error {
 			time.Sleep(2 * time.Second)
 			return errBoom
@@ -730,10 +724,7 @@ func TestSlowSubscriberDoesNotDelayFast(t *testing.T) {
 		b := newTestBroker(t)
 		release := make(chan struct{})
 		var fast calls
-		_, err := b.Subscribe("t", "slow", func(ctx context.Context, m Message) error {
-			<-release
-			return nil
-		})
+		_, err := b.Subscribe("t", "slow", blockUntil(release))
 		require.NoError(t, err)
 		_, err = b.Subscribe("t", "fast", okHandler(&fast))
 		require.NoError(t, err)
@@ -753,10 +744,7 @@ func TestBackpressureReachesPublish(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		b := newTestBroker(t, WithQueueSize(4), WithPublishTimeout(0))
 		release := make(chan struct{})
-		_, err := b.Subscribe("t", "slow", func(ctx context.Context, m Message) error {
-			<-release
-			return nil
-		}, LaneSize(4))
+		_, err := b.Subscribe("t", "slow", blockUntil(release), LaneSize(4))
 		require.NoError(t, err)
 		accepted := 0
 		for i := range 100 {
@@ -865,10 +853,7 @@ func TestCloseTwiceConcurrently(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		b := newTestBroker(t)
 		release := make(chan struct{})
-		_, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
-			<-release
-			return nil
-		})
+		_, err := b.Subscribe("t", "s", blockUntil(release))
 		require.NoError(t, err)
 		publishN(t, b, "t", "m", 3)
 		var wg sync.WaitGroup
@@ -1082,10 +1067,7 @@ func TestStatsOldestAge(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		b := newTestBroker(t, WithQueueSize(2))
 		release := make(chan struct{})
-		_, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
-			<-release
-			return nil
-		}, LaneSize(1))
+		_, err := b.Subscribe("t", "s", blockUntil(release), LaneSize(1))
 		require.NoError(t, err)
 		publishN(t, b, "t", "m", 2) // one running, one in the lane
 		idle()

@@ -203,3 +203,18 @@ func (s *stamps) untilsList() []time.Duration {
 }
 
 type syncMutex struct{ sync.Mutex }
+
+// blockUntil returns a handler that holds each message until release is
+// closed, ignoring its context.
+func blockUntil(release <-chan struct{}) Handler {
+	return func(context.Context, Message) error {
+		<-release
+		return nil
+	}
+}
+
+// blockUntilCancelled is a handler that runs until its context ends.
+func blockUntilCancelled(ctx context.Context, _ Message) error {
+	<-ctx.Done()
+	return ctx.Err()
+}

@@ -23,10 +23,7 @@ func TestGracefulUnsubscribeLeavesNoDeadLetter(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		b := newTestBroker(t, WithQueueSize(1))
 		release := make(chan struct{})
-		_, err := b.Subscribe("t", "a", func(ctx context.Context, m Message) error {
-			<-release
-			return nil
-		}, LaneSize(1))
+		_, err := b.Subscribe("t", "a", blockUntil(release), LaneSize(1))
 		require.NoError(t, err)
 		var got calls
 		s, err := b.Subscribe("t", "s", okHandler(&got))
@@ -181,15 +178,9 @@ func TestNoDeadLettersAfterUnsubscribeReturns(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		b := newTestBroker(t, WithQueueSize(8))
 		release := make(chan struct{})
-		_, err := b.Subscribe("t", "a", func(ctx context.Context, m Message) error {
-			<-release
-			return nil
-		}, LaneSize(1))
+		_, err := b.Subscribe("t", "a", blockUntil(release), LaneSize(1))
 		require.NoError(t, err)
-		s, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
-			<-ctx.Done()
-			return ctx.Err()
-		}, LaneSize(1))
+		s, err := b.Subscribe("t", "s", blockUntilCancelled, LaneSize(1))
 		require.NoError(t, err)
 		publishN(t, b, "t", "m", 6)
 		idle()
@@ -216,10 +207,7 @@ func TestJoinerMidBatchGetsTheRest(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		b := newTestBroker(t, WithQueueSize(8))
 		release := make(chan struct{})
-		_, err := b.Subscribe("t", "a", func(ctx context.Context, m Message) error {
-			<-release
-			return nil
-		}, LaneSize(1))
+		_, err := b.Subscribe("t", "a", blockUntil(release), LaneSize(1))
 		require.NoError(t, err)
 		publishN(t, b, "t", "m", 6) // a: m-0 running, m-1 in lane, dispatcher waits with m-2
 		idle()
