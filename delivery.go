@@ -52,13 +52,13 @@ type step struct {
 // says. ctx is cancelled, with errShutdown or errUnsubscribed as its cause,
 // when the subscription must stop at once; then the message is
 // dead-lettered with that reason instead of being retried.
-func (p *pipeline) deliver(ctx context.Context, env *envelope) {
+func (p *pipeline) deliver(ctx context.Context, env *envelope, clk *dedupClock) {
 	msg := &env.msg
 	if p.guard != nil {
 		p.guard.acquire(msg.ID)
 		defer p.guard.release(msg.ID)
 	}
-	d := p.dedupKey(env)
+	d := p.dedupKey(env, clk)
 	if p.dedup != nil && !env.redrive && p.seen(&d) {
 		p.rec.deduplicated(msg)
 		return
@@ -81,7 +81,7 @@ func (p *pipeline) deliver(ctx context.Context, env *envelope) {
 		switch s.outcome {
 		case OutcomeDelivered:
 			if p.dedup != nil {
-				p.record(&d)
+				p.record(&d, clk)
 			}
 			p.rec.delivered(msg, s.took)
 			return
@@ -102,7 +102,7 @@ type dedupRef struct {
 	slot slot
 }
 
-func (p *pipeline) dedupKey(env *envelope) dedupRef {
+func (p *pipeline) dedupKey(env *envelope, clk *dedupClock) dedupRef {
 	if p.mem == nil {
 		return dedupRef{key: DeliveryKey{Topic: p.topic, Subscriber: p.subscriber, MessageID: env.msg.ID}}
 	}
@@ -110,7 +110,42 @@ func (p *pipeline) dedupKey(env *envelope) dedupRef {
 	if h == (idHash{}) {
 		h = p.mem.hashID(env.msg.ID)
 	}
-	return dedupRef{slot: p.mem.slotFor(p.salt, h)}
+	sl := p.mem.slotFor(p.salt, h, clk.take())
+	return dedupRef{slot: sl}
+}
+
+// dedupClock lets a worker read the clock once per delivery instead of
+// twice: the time a delivery was recorded serves as "now" for the lookup of
+// the next message, when that message was already waiting (no idle time in
+// between). Anything else — a wait for work, a delivery that ended without
+// a record (deduplicated, dead-lettered, possibly after long backoffs) —
+// makes the next lookup read the clock. A nil *dedupClock always reads it.
+type dedupClock struct {
+	now int64 // ns since the store's epoch
+	ok  bool
+}
+
+// take returns the saved time, or -1 to read the clock; either way the
+// saved time is used up.
+func (c *dedupClock) take() int64 {
+	if c == nil || !c.ok {
+		return -1
+	}
+	c.ok = false
+	return c.now
+}
+
+func (c *dedupClock) set(now int64) {
+	if c != nil {
+		c.now, c.ok = now, true
+	}
+}
+
+// reset forgets the saved time (the worker waited for work).
+func (c *dedupClock) reset() {
+	if c != nil {
+		c.ok = false
+	}
 }
 
 // seen asks the idempotency store whether d was delivered. A store error
@@ -128,9 +163,9 @@ func (p *pipeline) seen(d *dedupRef) bool {
 }
 
 // record tells the idempotency store that d was delivered.
-func (p *pipeline) record(d *dedupRef) {
+func (p *pipeline) record(d *dedupRef, clk *dedupClock) {
 	if p.mem != nil {
-		p.mem.record(d.slot)
+		clk.set(p.mem.record(d.slot))
 		return
 	}
 	if err := p.dedup.Record(context.Background(), d.key); err != nil {

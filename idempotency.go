@@ -120,13 +120,17 @@ func (s *MemoryIdempotencyStore) hashID(id string) idHash {
 }
 
 func (s *MemoryIdempotencyStore) slotOf(salt dedupSalt, id string) slot {
-	return s.slotFor(salt, s.hashID(id))
+	return s.slotFor(salt, s.hashID(id), -1)
 }
 
-// slotFor places a hashed ID of the subscriber with the given salt. Bucket
-// indexes come from multiplying 32-bit halves of the hash by the range
-// (no division).
-func (s *MemoryIdempotencyStore) slotFor(salt dedupSalt, h idHash) slot {
+// slotFor places a hashed ID of the subscriber with the given salt, looked
+// up at now (ns since the epoch; negative: read the clock). Bucket indexes
+// come from multiplying 32-bit halves of the hash by the range (no
+// division).
+func (s *MemoryIdempotencyStore) slotFor(salt dedupSalt, h idHash, now int64) slot {
+	if now < 0 {
+		now = s.now()
+	}
 	a := h.a ^ salt.a
 	n := uint64(len(s.buckets))
 	i := (a >> 32) * n >> 32
@@ -134,7 +138,7 @@ func (s *MemoryIdempotencyStore) slotFor(salt dedupSalt, h idHash) slot {
 	if j >= i {
 		j++
 	}
-	return slot{i: int(i), j: int(j), tag: (h.b ^ salt.b) | 1, now: s.now()}
+	return slot{i: int(i), j: int(j), tag: (h.b ^ salt.b) | 1, now: now}
 }
 
 func (s *MemoryIdempotencyStore) locate(k *DeliveryKey) slot {
@@ -151,7 +155,7 @@ func (s *MemoryIdempotencyStore) Seen(_ context.Context, k DeliveryKey) (bool, e
 
 // Record remembers k for the window.
 func (s *MemoryIdempotencyStore) Record(_ context.Context, k DeliveryKey) error {
-	s.record(s.locate(&k))
+	_ = s.record(s.locate(&k))
 	return nil
 }
 
@@ -169,7 +173,8 @@ func (s *MemoryIdempotencyStore) seen(sl slot) bool {
 // record puts the key of sl in place of its own entry if it has one, else
 // in a free (empty or expired) slot of the emptier of its two buckets, else
 // in place of the entry of the two that expires first.
-func (s *MemoryIdempotencyStore) record(sl slot) {
+// It returns the time it recorded.
+func (s *MemoryIdempotencyStore) record(sl slot) int64 {
 	sl.now = s.now() // the window starts when the delivery ended
 	expires := int64(math.MaxInt64)
 	if w := int64(s.window); sl.now < math.MaxInt64-w {
@@ -183,7 +188,7 @@ func (s *MemoryIdempotencyStore) record(sl slot) {
 			e := &b[x]
 			if e.tag.Load() == sl.tag {
 				e.expires.Store(expires)
-				return
+				return sl.now
 			}
 			exp := e.expires.Load()
 			if exp <= sl.now { // empty (0) or expired
@@ -205,6 +210,7 @@ func (s *MemoryIdempotencyStore) record(sl slot) {
 	}
 	victim.expires.Store(expires)
 	victim.tag.Store(sl.tag)
+	return sl.now
 }
 
 // Len returns how many delivered IDs are remembered and not expired.

@@ -134,3 +134,27 @@ func TestMemoryIdempotencyStoreFastPathAgrees(t *testing.T) {
 		assert.False(t, seen)
 	})
 }
+
+// A worker reuses a delivery's record time for the next lookup only when no
+// time can have passed in between: here a message that waits out a long
+// backoff (and ends without a record) sits between a delivery and its
+// duplicate, and the duplicate, past the window, runs again.
+func TestDedupWindowAfterALongBackoff(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithIdempotencyStore(NewMemoryIdempotencyStore(time.Minute, 100)),
+			WithRetryPolicy(RetryPolicy{MaxRetries: 1, Backoff: ConstantBackoff(2 * time.Minute)}))
+		var got calls
+		_, err := b.Subscribe("t", "s", recording(&got, func(m Message) error {
+			if m.ID == "x" {
+				return errBoom
+			}
+			return nil
+		}))
+		require.NoError(t, err)
+		for _, id := range []string{"m", "x", "m"} {
+			require.NoError(t, b.Publish(context.Background(), Message{ID: id, Topic: "t"}))
+		}
+		settle(t, b)
+		assert.Equal(t, []string{"m", "x", "x", "m"}, got.ids(), "the duplicate came after the window")
+	})
+}

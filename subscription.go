@@ -135,13 +135,17 @@ func (s *Subscription) work(lane *queue.Queue[envelope]) {
 		}
 	}()
 	stop := s.ctx.Done()
+	var clk dedupClock
 	for {
-		env, ok := lane.PopWait(stop)
+		env, ok, waited := lane.PopWait(stop)
 		if !ok {
 			break
 		}
+		if waited {
+			clk.reset()
+		}
 		s.c.inFlight.Add(1)
-		s.pipe.deliver(s.ctx, &env)
+		s.pipe.deliver(s.ctx, &env, &clk)
 		s.c.inFlight.Add(-1)
 	}
 	if s.ctx.Err() == nil {
@@ -154,7 +158,7 @@ func (s *Subscription) work(lane *queue.Queue[envelope]) {
 			return
 		}
 		s.c.inFlight.Add(1)
-		s.pipe.deliver(s.ctx, &env) // ctx is done: dead-letters at once
+		s.pipe.deliver(s.ctx, &env, nil) // ctx is done: dead-letters at once
 		s.c.inFlight.Add(-1)
 	}
 }
@@ -187,7 +191,7 @@ func (s *Subscription) route(env *envelope, cancel <-chan struct{}, deadline <-c
 		// Stopped at once while this message was on its way: it is this
 		// subscriber's, so it ends as a dead letter rather than vanishing.
 		s.c.inFlight.Add(1)
-		s.pipe.deliver(s.ctx, env)
+		s.pipe.deliver(s.ctx, env, nil)
 		s.c.inFlight.Add(-1)
 		return nil
 	}

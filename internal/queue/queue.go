@@ -177,7 +177,8 @@ func (q *Queue[T]) wake() {
 // Wait blocks the consumer until the queue holds an item (true), or it is
 // closed and empty, or stop is closed (false).
 func (q *Queue[T]) Wait(stop <-chan struct{}) bool {
-	if !q.awaitLocked(stop) {
+	var waited bool
+	if !q.awaitLocked(stop, &waited) {
 		return false
 	}
 	q.mu.Unlock()
@@ -185,22 +186,23 @@ func (q *Queue[T]) Wait(stop <-chan struct{}) bool {
 }
 
 // PopWait removes and returns the oldest item, waiting for one until the
-// queue is closed and empty or stop is closed (ok false). Only the consumer
-// may call it. It is Wait and Pop under one lock when an item is there.
-func (q *Queue[T]) PopWait(stop <-chan struct{}) (v T, ok bool) {
-	if !q.awaitLocked(stop) {
-		return v, false
+// queue is closed and empty or stop is closed (ok false); waited reports
+// that it had to wait. Only the consumer may call it. It is Wait and Pop
+// under one lock when an item is there.
+func (q *Queue[T]) PopWait(stop <-chan struct{}) (v T, ok, waited bool) {
+	if !q.awaitLocked(stop, &waited) {
+		return v, false, waited
 	}
 	v = q.buf[q.head]
 	q.removeLocked()
 	q.mu.Unlock()
-	return v, true
+	return v, true, waited
 }
 
 // awaitLocked waits until the queue holds an item and returns true with
 // q.mu held, or returns false (lock released) when the queue is closed and
-// empty or stop is closed.
-func (q *Queue[T]) awaitLocked(stop <-chan struct{}) bool {
+// empty or stop is closed. It sets *waited if it had to wait.
+func (q *Queue[T]) awaitLocked(stop <-chan struct{}, waited *bool) bool {
 	for {
 		q.mu.Lock()
 		if q.n > 0 {
@@ -212,6 +214,7 @@ func (q *Queue[T]) awaitLocked(stop <-chan struct{}) bool {
 		}
 		q.sleeping = true
 		q.mu.Unlock()
+		*waited = true
 		select {
 		case <-q.ready:
 		case <-stop:
