@@ -151,6 +151,7 @@ func TestDedupWindowAfterALongBackoff(t *testing.T) {
 			return nil
 		}))
 		require.NoError(t, err)
+		time.Sleep(time.Second) // the store's clock is not at its epoch
 		for _, id := range []string{"m", "x", "m"} {
 			require.NoError(t, b.Publish(context.Background(), Message{ID: id, Topic: "t"}))
 		}
