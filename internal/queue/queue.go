@@ -4,8 +4,9 @@
 //
 // It is a ring buffer under a mutex rather than a channel because the broker
 // needs what a channel cannot give: the oldest waiting item (for its age in
-// Stats), peeking without removing (so an item counts as queued until it has
-// been routed), and closing the producer side without a send-on-closed panic.
+// Stats), peeking a batch without removing it (so an item counts as queued
+// until it has been routed), and closing the producer side without a
+// send-on-closed panic.
 package queue
 
 import (
@@ -226,18 +227,6 @@ func (q *Queue[T]) awaitLocked(stop <-chan struct{}, waited *bool) bool {
 	}
 }
 
-// Peek returns the oldest item without removing it; ok is false when empty.
-// Only the consumer may call it. The item stays queued (counted by Len)
-// until Advance.
-func (q *Queue[T]) Peek() (v T, ok bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.n == 0 {
-		return v, false
-	}
-	return q.buf[q.head], true
-}
-
 // PeekN copies up to len(buf) of the oldest items into buf without removing
 // them and returns how many it copied. Only the consumer may call it. The
 // items stay queued (counted by Len) until AdvanceN.
@@ -249,10 +238,6 @@ func (q *Queue[T]) PeekN(buf []T) int {
 	copy(buf[k:n], q.buf[:n-k])
 	return n
 }
-
-// Advance removes the oldest item. Only the consumer may call it, after a
-// successful Peek.
-func (q *Queue[T]) Advance() { q.AdvanceN(1) }
 
 // AdvanceN removes the n oldest items (at most Len). Only the consumer may
 // call it, after peeking them.

@@ -57,19 +57,18 @@ func TestBounds(t *testing.T) {
 	assert.Equal(t, 1, New[int](0).Cap(), "capacity at least 1")
 }
 
-func TestPeekAdvance(t *testing.T) {
+func TestPeekNKeepsItemsQueued(t *testing.T) {
 	q := New[string](2)
-	_, ok := q.Peek()
-	assert.False(t, ok)
+	buf := make([]string, 2)
+	assert.Zero(t, q.PeekN(buf))
 	require.NoError(t, q.TryPush("a"))
 	require.NoError(t, q.TryPush("b"))
-	v, ok := q.Peek()
-	require.True(t, ok)
-	assert.Equal(t, "a", v)
+	require.Equal(t, 1, q.PeekN(buf[:1]), "at most len(buf)")
+	assert.Equal(t, "a", buf[0])
 	assert.Equal(t, 2, q.Len(), "a peeked item still counts")
-	q.Advance()
-	v, _ = q.Peek()
-	assert.Equal(t, "b", v)
+	q.AdvanceN(1)
+	require.Equal(t, 1, q.PeekN(buf))
+	assert.Equal(t, "b", buf[0])
 	assert.Equal(t, 1, q.Len())
 }
 
