@@ -21,6 +21,7 @@ import (
 // methods are safe for concurrent use.
 type Broker struct {
 	cfg  config
+	mem  *MemoryIdempotencyStore // cfg.dedup when it is the default kind, for its hashed fast path
 	seed maphash.Seed
 
 	mu     sync.Mutex                        // serialises topic creation, Subscribe and the start of Close
@@ -70,6 +71,7 @@ func New(opts ...Option) (*Broker, error) {
 		redrive:   make(chan struct{}, 1),
 		dlPrefix:  "dl-" + hex.EncodeToString(rnd[:]) + "-",
 	}
+	b.mem, _ = cfg.dedup.(*MemoryIdempotencyStore)
 	b.abortCtx, b.abort = context.WithCancelCause(context.Background())
 	b.topics.Store(&map[string]*topic{})
 	return b, nil

@@ -14,19 +14,17 @@ import (
 // deliver from a worker, and a transport that redelivers by itself could
 // call attempt once per delivery and act on its step.
 
-// pipeline holds everything needed to deliver to one subscriber.
+// pipeline holds everything needed to deliver to one subscriber; the
+// recorder holds its topic, name, observer and logger.
 type pipeline struct {
-	topic, subscriber string
-	handler           Handler
-	timeout           time.Duration // per-attempt deadline; 0 = none
-	policy            RetryPolicy   // normalized
-	dedup             IdempotencyStore
-	mem               *MemoryIdempotencyStore // dedup, when it is the default kind: hashed once per delivery
-	salt              dedupSalt               // mem's hash of (topic, subscriber)
-	guard             *idGuard                // nil unless two workers could hold the same ID at once
-	timed             bool                    // measure handler run time (someone observes it)
-	rec               recorder
-	log               *slog.Logger
+	handler Handler
+	timeout time.Duration // per-attempt deadline; 0 = none
+	policy  RetryPolicy   // normalized
+	dedup   IdempotencyStore
+	mem     *MemoryIdempotencyStore // dedup, when it is the default kind: hashed once per delivery
+	salt    dedupSalt               // mem's hash of (topic, subscriber)
+	guard   *idGuard                // nil unless two workers could hold the same ID at once
+	rec     recorder
 }
 
 // envelope is a message on its way to one subscriber.
@@ -58,7 +56,10 @@ func (p *pipeline) deliver(ctx context.Context, env *envelope, clk *dedupClock) 
 		p.guard.acquire(msg.ID)
 		defer p.guard.release(msg.ID)
 	}
-	d := p.dedupKey(env, clk)
+	var d dedupRef
+	if p.dedup != nil {
+		d = p.dedupKey(env, clk)
+	}
 	if p.dedup != nil && !env.redrive && p.seen(&d) {
 		p.rec.deduplicated(msg)
 		return
@@ -104,7 +105,7 @@ type dedupRef struct {
 
 func (p *pipeline) dedupKey(env *envelope, clk *dedupClock) dedupRef {
 	if p.mem == nil {
-		return dedupRef{key: DeliveryKey{Topic: p.topic, Subscriber: p.subscriber, MessageID: env.msg.ID}}
+		return dedupRef{key: DeliveryKey{Topic: p.rec.topic, Subscriber: p.rec.subscriber, MessageID: env.msg.ID}}
 	}
 	h := env.idh
 	if h == (idHash{}) {
@@ -174,21 +175,22 @@ func (p *pipeline) record(d *dedupRef, clk *dedupClock) {
 }
 
 func (p *pipeline) logStoreError(op, id string, err error) {
-	p.log.LogAttrs(context.Background(), slog.LevelError, "broker: idempotency store "+op+" failed",
-		slog.String("topic", p.topic), slog.String("message_id", id),
-		slog.String("subscriber", p.subscriber), slog.String("error", err.Error()))
+	p.rec.log.LogAttrs(context.Background(), slog.LevelError, "broker: idempotency store "+op+" failed",
+		slog.String("topic", p.rec.topic), slog.String("message_id", id),
+		slog.String("subscriber", p.rec.subscriber), slog.String("error", err.Error()))
 }
 
 // attempt runs the handler once for msg (msg.Attempt set) and decides what
 // follows. It counts the attempt and nothing else.
 func (p *pipeline) attempt(ctx context.Context, msg *Message) step {
+	timed := p.rec.obs != nil // handler run time is only for the observer
 	var start time.Time
-	if p.timed {
+	if timed {
 		start = time.Now()
 	}
 	err, timedOut := p.call(ctx, msg)
 	s := step{err: err}
-	if p.timed {
+	if timed {
 		s.took = time.Since(start)
 	}
 	p.rec.c.attempts.Add(1)

@@ -106,7 +106,7 @@ func (r *batchRoute) reset(snap *[]*Subscription) {
 // get them.
 func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 	n := len(envs)
-	if mem, ok := t.b.cfg.dedup.(*MemoryIdempotencyStore); ok {
+	if mem := t.b.mem; mem != nil {
 		for i := range envs { // once here rather than once per subscriber
 			envs[i].idh = mem.hashID(envs[i].msg.ID)
 		}

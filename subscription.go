@@ -99,8 +99,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	}
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
 	s.pipe = pipeline{
-		topic: topicName, subscriber: name, handler: h,
-		timeout: sc.timeout, policy: policy, dedup: b.cfg.dedup, log: b.cfg.logger,
+		handler: h, timeout: sc.timeout, policy: policy, dedup: b.cfg.dedup,
 		rec: recorder{
 			topic: topicName, subscriber: name, c: c,
 			obs: b.cfg.obs, log: b.cfg.logger, dlq: b.cfg.dlq, newID: b.newDeadLetterID,
@@ -110,9 +109,8 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	if sc.concurrency > 1 {
 		s.pipe.guard = newIDGuard()
 	}
-	s.pipe.timed = b.cfg.obs != nil
-	if mem, ok := b.cfg.dedup.(*MemoryIdempotencyStore); ok {
-		s.pipe.mem, s.pipe.salt = mem, mem.salt(topicName, name)
+	if b.mem != nil {
+		s.pipe.mem, s.pipe.salt = b.mem, b.mem.salt(topicName, name)
 	}
 	t.active[name] = s
 	t.addSubLocked(s)
