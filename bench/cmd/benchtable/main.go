@@ -216,47 +216,42 @@ func summary(r bench.Result) string {
 }
 
 func pickImpls(list string) ([]bench.Impl, error) {
-	if list == "all" || list == "" {
-		return bench.Impls(), nil
-	}
-	var out []bench.Impl
-	for _, name := range strings.Split(list, ",") {
-		impl, ok := bench.ImplByName(strings.TrimSpace(name))
-		if !ok {
-			return nil, fmt.Errorf("unknown implementation %q (have %s)", name, strings.Join(implNames(), ", "))
-		}
-		out = append(out, impl)
-	}
-	return out, nil
+	return pick("implementation", list, bench.Impls(), implNames(), bench.ImplByName)
 }
 
 func pickWorkloads(list string) ([]bench.Workload, error) {
+	return pick("workload", list, bench.Workloads, workloadNames(), bench.WorkloadByName)
+}
+
+func implNames() []string {
+	return names(bench.AllImpls(), func(i bench.Impl) string { return i.Name })
+}
+
+func workloadNames() []string {
+	return names(bench.Workloads, func(w bench.Workload) string { return w.Name })
+}
+
+// pick resolves a comma-separated list of names ("all" or "" for the
+// defaults), failing on an unknown name with the list of known ones.
+func pick[T any](kind, list string, defaults []T, known []string, byName func(string) (T, bool)) ([]T, error) {
 	if list == "all" || list == "" {
-		return bench.Workloads, nil
+		return defaults, nil
 	}
-	var out []bench.Workload
-	for _, name := range strings.Split(list, ",") {
-		w, ok := bench.WorkloadByName(strings.TrimSpace(name))
+	var out []T
+	for _, n := range strings.Split(list, ",") {
+		v, ok := byName(strings.TrimSpace(n))
 		if !ok {
-			return nil, fmt.Errorf("unknown workload %q (have %s)", name, strings.Join(workloadNames(), ", "))
+			return nil, fmt.Errorf("unknown %s %q (have %s)", kind, n, strings.Join(known, ", "))
 		}
-		out = append(out, w)
+		out = append(out, v)
 	}
 	return out, nil
 }
 
-func implNames() []string {
+func names[T any](xs []T, name func(T) string) []string {
 	var s []string
-	for _, i := range bench.AllImpls() {
-		s = append(s, i.Name)
-	}
-	return s
-}
-
-func workloadNames() []string {
-	var s []string
-	for _, w := range bench.Workloads {
-		s = append(s, w.Name)
+	for _, x := range xs {
+		s = append(s, name(x))
 	}
 	return s
 }
