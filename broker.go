@@ -96,9 +96,13 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	}
 	msg.Attempt = 0
 	msg.PublishedAt = time.Now()
-	err = t.q.TryPush(envelope{msg: msg})
+	env := envelope{msg: msg}
+	if b.mem != nil {
+		env.idh = b.mem.hashID(msg.ID) // once here rather than once per subscriber
+	}
+	err = t.q.TryPush(env)
 	if err == queue.ErrFull && b.cfg.publishTimeout > 0 {
-		err = pushWait(t.q, envelope{msg: msg}, ctx, b.cfg.publishTimeout)
+		err = pushWait(t.q, env, ctx, b.cfg.publishTimeout)
 	}
 	switch err {
 	case nil:

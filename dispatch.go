@@ -41,14 +41,9 @@ const dispatchBatch = 64
 // then it closes the subscribers' lanes so their workers can finish.
 func (t *topic) dispatch() {
 	defer t.b.wg.Done()
-	var (
-		envs [dispatchBatch]envelope
-		r    batchRoute
-	)
+	var r batchRoute
 	for t.q.Wait(nil) {
-		n := t.q.PeekN(envs[:])
-		t.routeBatch(envs[:n], &r)
-		clear(envs[:n]) // drop references for the garbage collector
+		t.routeBatch(t.q.PeekN(dispatchBatch), &r)
 	}
 	for _, s := range *t.subs.Load() {
 		s.closeLanes()
@@ -96,7 +91,8 @@ func (r *batchRoute) reset(snap *[]*Subscription) {
 }
 
 // routeBatch hands a batch of messages, in order, to every current
-// subscriber, then removes them from the topic queue. Each subscriber first
+// subscriber, then removes them from the topic queue. envs is a view of the
+// queue (read only). Each subscriber first
 // takes what fits in its lane under one lock; where a lane is full (or
 // closed) the batch goes on message by message, waiting for room
 // (backpressure), and following subscribers who join or leave meanwhile. A
@@ -106,11 +102,6 @@ func (r *batchRoute) reset(snap *[]*Subscription) {
 // get them.
 func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 	n := len(envs)
-	if mem := t.b.mem; mem != nil {
-		for i := range envs { // once here rather than once per subscriber
-			envs[i].idh = mem.hashID(envs[i].msg.ID)
-		}
-	}
 	r.reset(t.subs.Load())
 	var accepted [dispatchBatch]bool
 	for si, s := range r.subs {
@@ -138,7 +129,6 @@ func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 			r.got[si] = i + 1 + k
 		}
 	}
-	t.q.AdvanceN(n - done)
 	for i := range n {
 		if !accepted[i] {
 			t.c.unrouted.Add(1)
@@ -147,6 +137,7 @@ func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 			}
 		}
 	}
+	t.q.AdvanceN(n - done) // the view of envs ends here
 }
 
 func markAccepted(a []bool, from, to int) {

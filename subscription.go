@@ -122,6 +122,10 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	return s, nil
 }
 
+// workBatch is how many messages a worker takes from its lane under one
+// lock.
+const workBatch = 64
+
 // work is one worker: it delivers what its lane holds until the lane is
 // closed and empty, or the subscription is stopped at once; then it
 // dead-letters what is left.
@@ -135,16 +139,22 @@ func (s *Subscription) work(lane *queue.Queue[envelope]) {
 	stop := s.ctx.Done()
 	var clk dedupClock
 	for {
-		env, ok, waited := lane.PopWait(stop)
+		// Up to a batch of messages under one lock, delivered from the lane
+		// in place; each leaves the lane's count as its delivery starts.
+		view, ok, waited := lane.TakeWait(stop, workBatch)
 		if !ok {
 			break
 		}
 		if waited {
 			clk.reset()
 		}
-		s.c.inFlight.Add(1)
-		s.pipe.deliver(s.ctx, &env, &clk)
-		s.c.inFlight.Add(-1)
+		for i := range view {
+			env := view[i] // the pipeline writes Attempt: a copy of its own
+			lane.Taken()
+			s.c.inFlight.Add(1)
+			s.pipe.deliver(s.ctx, &env, &clk)
+			s.c.inFlight.Add(-1)
+		}
 	}
 	if s.ctx.Err() == nil {
 		return // closed and drained

@@ -12,6 +12,7 @@ package queue
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -34,18 +35,32 @@ var (
 const minAlloc = 16
 
 // Queue is a bounded FIFO. Any number of goroutines may push; exactly one
-// goroutine (the owner) may consume with Peek, Advance, Pop and Wait.
-// Len, Cap, Head and Close are safe from any goroutine.
+// goroutine (the consumer) may use Wait, TakeWait, Taken, PeekN,
+// AdvanceN and Pop. Len, Cap, Head and Close are safe from any goroutine.
+//
+// The consumer can work on items in place (TakeWait, PeekN): it gets a view
+// of the ring's oldest items under one lock and reads them without it.
+// Producers only write slots outside the queued range, and growing the ring
+// copies it to a new array, so the view stays valid — and its items
+// unchanged — until the consumer removes them.
 type Queue[T any] struct {
-	mu       sync.Mutex // guards every field below
+	mu       sync.Mutex // guards every field below but taken
 	buf      []T        // ring; len(buf) grows by doubling up to limit
 	head     int        // index of the oldest item
-	n        int        // number of items
+	n        int        // number of items in the ring, taken ones included
 	limit    int        // capacity
 	closed   bool       // no more pushes
 	sleeping bool       // the consumer waits on ready
 	ready    chan struct{}
 	room     chan struct{} // closed (and cleared) when room appears; nil while no producer waits
+
+	// taken counts the oldest items the consumer has taken (Taken) without
+	// the lock: they no longer count as queued, and leave the ring at the
+	// next settleLocked.
+	taken atomic.Int64
+	// roomWanted is set while a producer waits for room, so that Taken
+	// settles at once rather than at the consumer's next lock.
+	roomWanted atomic.Bool
 }
 
 // New returns an empty queue that holds at most capacity items (at least 1).
@@ -77,7 +92,7 @@ func (q *Queue[T]) TryPushN(vs []T) (int, error) {
 		q.mu.Unlock()
 		return 0, ErrClosed
 	}
-	k := min(len(vs), q.limit-q.n)
+	k := min(len(vs), q.roomLocked())
 	for _, v := range vs[:k] {
 		q.appendLocked(v)
 	}
@@ -92,6 +107,12 @@ func (q *Queue[T]) PushWait(v T, stop1, stop2 <-chan struct{}, deadline <-chan t
 	for {
 		q.mu.Lock()
 		err := q.pushLocked(v)
+		if err == ErrFull {
+			// Say so before looking again: a consumer taking an item after
+			// that look sees the flag and settles (see Taken).
+			q.roomWanted.Store(true)
+			err = q.pushLocked(v)
+		}
 		if err != ErrFull {
 			q.unlockAfterPush(err == nil)
 			return err
@@ -118,11 +139,20 @@ func (q *Queue[T]) pushLocked(v T) error {
 	if q.closed {
 		return ErrClosed
 	}
-	if q.n == q.limit {
+	if q.roomLocked() == 0 {
 		return ErrFull
 	}
 	q.appendLocked(v)
 	return nil
+}
+
+// roomLocked returns how many items fit; when the ring is full it first
+// removes what the consumer has taken.
+func (q *Queue[T]) roomLocked() int {
+	if q.n == q.limit {
+		q.settleLocked()
+	}
+	return q.limit - q.n
 }
 
 // appendLocked appends v to a queue with room, growing the ring if needed.
@@ -186,26 +216,13 @@ func (q *Queue[T]) Wait(stop <-chan struct{}) bool {
 	return true
 }
 
-// PopWait removes and returns the oldest item, waiting for one until the
-// queue is closed and empty or stop is closed (ok false); waited reports
-// that it had to wait. Only the consumer may call it. It is Wait and Pop
-// under one lock when an item is there.
-func (q *Queue[T]) PopWait(stop <-chan struct{}) (v T, ok, waited bool) {
-	if !q.awaitLocked(stop, &waited) {
-		return v, false, waited
-	}
-	v = q.buf[q.head]
-	q.removeLocked()
-	q.mu.Unlock()
-	return v, true, waited
-}
-
 // awaitLocked waits until the queue holds an item and returns true with
 // q.mu held, or returns false (lock released) when the queue is closed and
 // empty or stop is closed. It sets *waited if it had to wait.
 func (q *Queue[T]) awaitLocked(stop <-chan struct{}, waited *bool) bool {
 	for {
 		q.mu.Lock()
+		q.settleLocked()
 		if q.n > 0 {
 			return true
 		}
@@ -227,16 +244,63 @@ func (q *Queue[T]) awaitLocked(stop <-chan struct{}, waited *bool) bool {
 	}
 }
 
-// PeekN copies up to len(buf) of the oldest items into buf without removing
-// them and returns how many it copied. Only the consumer may call it. The
-// items stay queued (counted by Len) until AdvanceN.
-func (q *Queue[T]) PeekN(buf []T) int {
+// TakeWait waits for an item, then returns a view of up to max of the
+// oldest items (fewer when the ring wraps), in order, without removing them;
+// waited reports that it had to wait. The consumer reads each item and then
+// calls Taken, in order: from then on Len and Head no longer count it, and
+// it leaves the ring at the next lock (the consumer's next call, or a
+// producer's that finds the ring full). The consumer must only read the
+// view, and no item after its Taken. ok is false when the queue is closed
+// and empty or stop is closed.
+func (q *Queue[T]) TakeWait(stop <-chan struct{}, max int) (view []T, ok, waited bool) {
+	if !q.awaitLocked(stop, &waited) {
+		return nil, false, waited
+	}
+	view = q.viewLocked(max)
+	q.mu.Unlock()
+	return view, true, waited
+}
+
+// Taken marks the oldest item not yet taken as taken (see TakeWait), once
+// the consumer has read it: it must not read that item again. Only the
+// consumer may call it, for an item of its view. It takes no lock unless a
+// producer waits for room.
+func (q *Queue[T]) Taken() {
+	q.taken.Add(1)
+	if q.roomWanted.Load() {
+		q.mu.Lock()
+		q.settleLocked()
+		q.mu.Unlock()
+	}
+}
+
+// settleLocked removes the items the consumer has taken. The consumer does
+// it whenever it holds the lock, a producer when the ring is full.
+func (q *Queue[T]) settleLocked() {
+	if k := q.taken.Load(); k > 0 {
+		for range k {
+			q.removeLocked()
+		}
+		q.taken.Add(-k) // the consumer may have taken more meanwhile
+	}
+}
+
+// viewLocked returns up to max of the oldest items in place: those before
+// the ring's end, so fewer than max when the queue wraps.
+func (q *Queue[T]) viewLocked(max int) []T {
+	end := min(q.head+q.n, len(q.buf), q.head+max)
+	return q.buf[q.head:end:end]
+}
+
+// PeekN returns a view of up to max of the oldest items (fewer when the
+// ring wraps) without removing them. Only the consumer may call it; the items
+// stay queued (counted by Len) until AdvanceN, and the view is valid until
+// then. The consumer must only read it.
+func (q *Queue[T]) PeekN(max int) []T {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	n := min(len(buf), q.n)
-	k := copy(buf[:n], q.buf[q.head:min(q.head+n, len(q.buf))])
-	copy(buf[k:n], q.buf[:n-k])
-	return n
+	q.settleLocked()
+	return q.viewLocked(max)
 }
 
 // AdvanceN removes the n oldest items (at most Len). Only the consumer may
@@ -246,6 +310,7 @@ func (q *Queue[T]) AdvanceN(n int) {
 		return
 	}
 	q.mu.Lock()
+	q.settleLocked()
 	for range min(n, q.n) {
 		q.removeLocked()
 	}
@@ -256,6 +321,7 @@ func (q *Queue[T]) AdvanceN(n int) {
 func (q *Queue[T]) Pop() (v T, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.settleLocked()
 	if q.n == 0 {
 		return v, false
 	}
@@ -274,9 +340,15 @@ func (q *Queue[T]) removeLocked() {
 		q.head = 0
 	}
 	q.n--
+	q.makeRoomLocked()
+}
+
+// makeRoomLocked wakes the producers waiting for room.
+func (q *Queue[T]) makeRoomLocked() {
 	if q.room != nil {
 		close(q.room)
 		q.room = nil
+		q.roomWanted.Store(false)
 	}
 }
 
@@ -287,32 +359,35 @@ func (q *Queue[T]) Close() {
 	q.mu.Lock()
 	if !q.closed {
 		q.closed = true
-		if q.room != nil {
-			close(q.room)
-			q.room = nil
-		}
+		q.makeRoomLocked()
 		q.sleeping = false
 	}
 	q.mu.Unlock()
 	q.wake()
 }
 
-// Len returns the number of queued items.
+// Len returns the number of queued items (taken ones not included).
 func (q *Queue[T]) Len() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.n
+	return q.n - int(q.taken.Load())
 }
 
 // Cap returns the queue's capacity.
 func (q *Queue[T]) Cap() int { return q.limit }
 
-// Head returns a copy of the oldest item and the queue length, under one lock.
+// Head returns a copy of the oldest item not taken and the queue length
+// (as Len), under one lock.
 func (q *Queue[T]) Head() (v T, n int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.n > 0 {
-		v = q.buf[q.head]
+	k := int(q.taken.Load())
+	if n = q.n - k; n > 0 {
+		i := q.head + k
+		if i >= len(q.buf) {
+			i -= len(q.buf)
+		}
+		v = q.buf[i]
 	}
-	return v, q.n
+	return v, n
 }

@@ -59,16 +59,13 @@ func TestBounds(t *testing.T) {
 
 func TestPeekNKeepsItemsQueued(t *testing.T) {
 	q := New[string](2)
-	buf := make([]string, 2)
-	assert.Zero(t, q.PeekN(buf))
+	assert.Empty(t, q.PeekN(2))
 	require.NoError(t, q.TryPush("a"))
 	require.NoError(t, q.TryPush("b"))
-	require.Equal(t, 1, q.PeekN(buf[:1]), "at most len(buf)")
-	assert.Equal(t, "a", buf[0])
+	assert.Equal(t, []string{"a"}, q.PeekN(1), "at most max")
 	assert.Equal(t, 2, q.Len(), "a peeked item still counts")
 	q.AdvanceN(1)
-	require.Equal(t, 1, q.PeekN(buf))
-	assert.Equal(t, "b", buf[0])
+	assert.Equal(t, []string{"b"}, q.PeekN(2))
 	assert.Equal(t, 1, q.Len())
 }
 
@@ -179,49 +176,113 @@ func TestPeekNAdvanceNAcrossWrap(t *testing.T) {
 	for i := 8; i < 13; i++ { // wraps around the ring's end
 		require.NoError(t, q.TryPush(i))
 	}
-	buf := make([]int, 6)
-	n := q.PeekN(buf)
-	require.Equal(t, 6, n)
-	assert.Equal(t, []int{5, 6, 7, 8, 9, 10}, buf)
+	assert.Equal(t, []int{5, 6, 7}, q.PeekN(6), "the view stops at the ring's end")
 	assert.Equal(t, 8, q.Len(), "peeked items stay queued")
-	q.AdvanceN(4)
-	n = q.PeekN(buf)
-	assert.Equal(t, 4, n)
-	assert.Equal(t, []int{9, 10, 11, 12}, buf[:n])
+	q.AdvanceN(3)
+	assert.Equal(t, []int{8, 9, 10, 11}, q.PeekN(4))
+	q.AdvanceN(1)
+	assert.Equal(t, []int{9, 10, 11, 12}, q.PeekN(6))
 	q.AdvanceN(100) // clamps to Len
 	assert.Equal(t, 0, q.Len())
 	q.AdvanceN(-1)
-	assert.Equal(t, 0, q.PeekN(buf))
+	assert.Empty(t, q.PeekN(6))
 }
 
-func TestPopWait(t *testing.T) {
+// A view stays valid and unchanged while producers push and the ring grows
+// under it; it is the consumer's until it removes the items.
+func TestViewSurvivesGrowth(t *testing.T) {
+	q := New[int](1024)
+	for i := range minAlloc {
+		require.NoError(t, q.TryPush(i))
+	}
+	view := q.PeekN(minAlloc)
+	require.Len(t, view, minAlloc)
+	for i := minAlloc; i < 200; i++ { // grows the ring several times
+		require.NoError(t, q.TryPush(i))
+	}
+	for i, v := range view {
+		assert.Equal(t, i, v)
+	}
+	q.AdvanceN(minAlloc)
+	assert.Equal(t, 200-minAlloc, q.Len())
+	v, ok := q.Pop()
+	assert.True(t, ok)
+	assert.Equal(t, minAlloc, v, "order kept across growth")
+}
+
+func TestTakeWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := New[int](2)
+		q := New[int](4)
 		go func() {
 			time.Sleep(time.Second)
-			_ = q.TryPush(7)
+			_, _ = q.TryPushN([]int{1, 2, 3})
 			time.Sleep(time.Second)
 			q.Close()
 		}()
 		start := time.Now()
-		v, ok, waited := q.PopWait(nil)
-		assert.True(t, ok)
+		view, ok, waited := q.TakeWait(nil, 2)
+		require.True(t, ok)
 		assert.True(t, waited)
-		assert.Equal(t, 7, v)
 		assert.Equal(t, time.Second, time.Since(start))
-		_, ok, _ = q.PopWait(nil)
+		assert.Equal(t, []int{1, 2}, view, "at most max")
+
+		q.Taken()
+		assert.Equal(t, 2, q.Len(), "a taken item leaves the count at once")
+		head, n := q.Head()
+		assert.Equal(t, 2, head, "Head skips taken items")
+		assert.Equal(t, 2, n)
+
+		require.NoError(t, q.TryPush(4))
+		require.NoError(t, q.TryPush(5), "a taken item's slot is free for a producer")
+		assert.ErrorIs(t, q.TryPush(6), ErrFull)
+
+		view, ok, waited = q.TakeWait(nil, 8)
+		require.True(t, ok)
+		assert.False(t, waited, "items were there")
+		assert.Equal(t, []int{2, 3, 4}, view, "the view stops at the ring's end")
+		for range view {
+			q.Taken()
+		}
+		view, ok, _ = q.TakeWait(nil, 8)
+		require.True(t, ok)
+		assert.Equal(t, []int{5}, view)
+		q.Taken()
+		_, ok, _ = q.TakeWait(nil, 8)
 		assert.False(t, ok, "closed and empty")
 		assert.Equal(t, 2*time.Second, time.Since(start))
+		assert.Equal(t, 0, q.Len())
 
 		stop := make(chan struct{})
 		close(stop)
-		_, ok, _ = New[int](1).PopWait(stop)
+		_, ok, _ = New[int](1).TakeWait(stop, 1)
 		assert.False(t, ok, "stopped")
-		q2 := New[int](1)
-		require.NoError(t, q2.TryPush(1))
-		_, ok, waited = q2.PopWait(nil)
-		assert.True(t, ok)
-		assert.False(t, waited, "an item was there")
+	})
+}
+
+// A producer waiting for room is woken when the consumer settles items it
+// took, not only when it pops them.
+func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := New[int](1)
+		require.NoError(t, q.TryPush(1))
+		view, ok, _ := q.TakeWait(nil, 1)
+		require.True(t, ok)
+		require.Equal(t, []int{1}, view)
+		assert.ErrorIs(t, q.TryPush(2), ErrFull, "not taken yet")
+		q.Taken()
+		require.NoError(t, q.TryPush(2), "settled by the producer")
+		done := make(chan error)
+		go func() { done <- q.PushWait(3, nil, nil, nil) }()
+		synctest.Wait()
+		view, ok, _ = q.TakeWait(nil, 1)
+		require.True(t, ok)
+		require.Equal(t, []int{2}, view)
+		q.Taken() // a producer waits: settles at once
+		assert.NoError(t, <-done, "room while the consumer works on the item it took")
+		assert.Equal(t, 1, q.Len())
+		view, ok, _ = q.TakeWait(nil, 1)
+		require.True(t, ok)
+		assert.Equal(t, []int{3}, view)
 	})
 }
 
@@ -231,9 +292,7 @@ func TestTryPushN(t *testing.T) {
 	k, err := q.TryPushN([]int{1, 2, 3, 4, 5, 6})
 	require.NoError(t, err)
 	assert.Equal(t, 4, k, "as many as fit, in order")
-	buf := make([]int, 5)
-	assert.Equal(t, 5, q.PeekN(buf))
-	assert.Equal(t, []int{0, 1, 2, 3, 4}, buf)
+	assert.Equal(t, []int{0, 1, 2, 3, 4}, q.PeekN(5))
 	k, err = q.TryPushN([]int{9})
 	assert.Zero(t, k)
 	assert.NoError(t, err, "full is not an error")
