@@ -42,8 +42,12 @@ const dispatchBatch = 64
 func (t *topic) dispatch() {
 	defer t.b.wg.Done()
 	var r batchRoute
-	for t.q.Wait(nil) {
-		t.routeBatch(t.q.PeekN(dispatchBatch), &r)
+	for {
+		envs, ok, _ := t.q.TakeWait(nil, dispatchBatch)
+		if !ok {
+			break
+		}
+		t.routeBatch(envs, &r)
 	}
 	for _, s := range *t.subs.Load() {
 		s.closeLanes()
@@ -91,8 +95,8 @@ func (r *batchRoute) reset(snap *[]*Subscription) {
 }
 
 // routeBatch hands a batch of messages, in order, to every current
-// subscriber, then removes them from the topic queue. envs is a view of the
-// queue (read only). Each subscriber first
+// subscriber, then takes them from the topic queue (envs is its view:
+// read only, and not after they are taken). Each subscriber first
 // takes what fits in its lane under one lock; where a lane is full (or
 // closed) the batch goes on message by message, waiting for room
 // (backpressure), and following subscribers who join or leave meanwhile. A
@@ -108,11 +112,19 @@ func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 		r.got[si] = s.tryRouteN(envs)
 		markAccepted(accepted[:], 0, r.got[si])
 	}
-	done := 0 // removed from the topic queue
+	done := 0                // taken from the topic queue
+	release := func(p int) { // messages before p are routed: out of the queue
+		for i := done; i < p; i++ {
+			if !accepted[i] {
+				t.unrouted(&envs[i].msg)
+			}
+		}
+		t.q.TakenN(p - done)
+		done = p
+	}
 	freePrefix := func() {
 		if p := minOf(r.got, n); p > done {
-			t.q.AdvanceN(p - done)
-			done = p
+			release(p)
 		}
 	}
 	for i := range n {
@@ -129,15 +141,15 @@ func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 			r.got[si] = i + 1 + k
 		}
 	}
-	for i := range n {
-		if !accepted[i] {
-			t.c.unrouted.Add(1)
-			if t.b.cfg.obs != nil {
-				t.b.cfg.obs.Unrouted(UnroutedEvent{Topic: t.name, MessageID: envs[i].msg.ID})
-			}
-		}
+	release(n)
+}
+
+// unrouted counts a message that no subscriber got.
+func (t *topic) unrouted(msg *Message) {
+	t.c.unrouted.Add(1)
+	if t.b.cfg.obs != nil {
+		t.b.cfg.obs.Unrouted(UnroutedEvent{Topic: t.name, MessageID: msg.ID})
 	}
-	t.q.AdvanceN(n - done) // the view of envs ends here
 }
 
 func markAccepted(a []bool, from, to int) {

@@ -198,8 +198,9 @@ func (s *Subscription) route(env *envelope, cancel <-chan struct{}, deadline <-c
 	if err != nil && err != queue.ErrTimeout && !s.removed.Load() && stoppedAtOnce(s.ctx) {
 		// Stopped at once while this message was on its way: it is this
 		// subscriber's, so it ends as a dead letter rather than vanishing.
+		own := *env // env may be in the topic queue, which deliver must not write
 		s.c.inFlight.Add(1)
-		s.pipe.deliver(s.ctx, env, nil)
+		s.pipe.deliver(s.ctx, &own, nil)
 		s.c.inFlight.Add(-1)
 		return nil
 	}

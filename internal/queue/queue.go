@@ -35,10 +35,9 @@ var (
 const minAlloc = 16
 
 // Queue is a bounded FIFO. Any number of goroutines may push; exactly one
-// goroutine (the consumer) may use Wait, TakeWait, Taken, PeekN,
-// AdvanceN and Pop. Len, Cap, Head and Close are safe from any goroutine.
+// goroutine (the consumer) may use TakeWait, Taken, TakenN and Pop. Len, Cap, Head and Close are safe from any goroutine.
 //
-// The consumer can work on items in place (TakeWait, PeekN): it gets a view
+// The consumer works on items in place (TakeWait): it gets a view
 // of the ring's oldest items under one lock and reads them without it.
 // Producers only write slots outside the queued range, and growing the ring
 // copies it to a new array, so the view stays valid — and its items
@@ -205,17 +204,6 @@ func (q *Queue[T]) wake() {
 	}
 }
 
-// Wait blocks the consumer until the queue holds an item (true), or it is
-// closed and empty, or stop is closed (false).
-func (q *Queue[T]) Wait(stop <-chan struct{}) bool {
-	var waited bool
-	if !q.awaitLocked(stop, &waited) {
-		return false
-	}
-	q.mu.Unlock()
-	return true
-}
-
 // awaitLocked waits until the queue holds an item and returns true with
 // q.mu held, or returns false (lock released) when the queue is closed and
 // empty or stop is closed. It sets *waited if it had to wait.
@@ -265,8 +253,14 @@ func (q *Queue[T]) TakeWait(stop <-chan struct{}, max int) (view []T, ok, waited
 // the consumer has read it: it must not read that item again. Only the
 // consumer may call it, for an item of its view. It takes no lock unless a
 // producer waits for room.
-func (q *Queue[T]) Taken() {
-	q.taken.Add(1)
+func (q *Queue[T]) Taken() { q.TakenN(1) }
+
+// TakenN is Taken for the k oldest items not yet taken.
+func (q *Queue[T]) TakenN(k int) {
+	if k <= 0 {
+		return
+	}
+	q.taken.Add(int64(k))
 	if q.roomWanted.Load() {
 		q.mu.Lock()
 		q.settleLocked()
@@ -290,31 +284,6 @@ func (q *Queue[T]) settleLocked() {
 func (q *Queue[T]) viewLocked(max int) []T {
 	end := min(q.head+q.n, len(q.buf), q.head+max)
 	return q.buf[q.head:end:end]
-}
-
-// PeekN returns a view of up to max of the oldest items (fewer when the
-// ring wraps) without removing them. Only the consumer may call it; the items
-// stay queued (counted by Len) until AdvanceN, and the view is valid until
-// then. The consumer must only read it.
-func (q *Queue[T]) PeekN(max int) []T {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.settleLocked()
-	return q.viewLocked(max)
-}
-
-// AdvanceN removes the n oldest items (at most Len). Only the consumer may
-// call it, after peeking them.
-func (q *Queue[T]) AdvanceN(n int) {
-	if n <= 0 {
-		return
-	}
-	q.mu.Lock()
-	q.settleLocked()
-	for range min(n, q.n) {
-		q.removeLocked()
-	}
-	q.mu.Unlock()
 }
 
 // Pop removes and returns the oldest item; ok is false when empty.

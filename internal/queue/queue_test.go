@@ -57,15 +57,21 @@ func TestBounds(t *testing.T) {
 	assert.Equal(t, 1, New[int](0).Cap(), "capacity at least 1")
 }
 
-func TestPeekNKeepsItemsQueued(t *testing.T) {
+func TestViewKeepsItemsQueuedUntilTaken(t *testing.T) {
 	q := New[string](2)
-	assert.Empty(t, q.PeekN(2))
 	require.NoError(t, q.TryPush("a"))
 	require.NoError(t, q.TryPush("b"))
-	assert.Equal(t, []string{"a"}, q.PeekN(1), "at most max")
-	assert.Equal(t, 2, q.Len(), "a peeked item still counts")
-	q.AdvanceN(1)
-	assert.Equal(t, []string{"b"}, q.PeekN(2))
+	view, ok, _ := q.TakeWait(nil, 1)
+	require.True(t, ok)
+	assert.Equal(t, []string{"a"}, view, "at most max")
+	assert.Equal(t, 2, q.Len(), "an item in a view still counts")
+	q.Taken()
+	assert.Equal(t, 1, q.Len())
+	view, ok, _ = q.TakeWait(nil, 2)
+	require.True(t, ok)
+	assert.Equal(t, []string{"b"}, view)
+	q.TakenN(0) // no-op
+	q.TakenN(-1)
 	assert.Equal(t, 1, q.Len())
 }
 
@@ -76,11 +82,12 @@ func TestCloseDrains(t *testing.T) {
 	q.Close() // idempotent
 	assert.ErrorIs(t, q.TryPush(2), ErrClosed)
 	assert.ErrorIs(t, q.PushWait(2, nil, nil, nil), ErrClosed)
-	assert.True(t, q.Wait(nil), "queued items outlive Close")
-	v, ok := q.Pop()
-	assert.True(t, ok)
-	assert.Equal(t, 1, v)
-	assert.False(t, q.Wait(nil), "closed and empty")
+	view, ok, _ := q.TakeWait(nil, 4)
+	require.True(t, ok, "queued items outlive Close")
+	assert.Equal(t, []int{1}, view)
+	q.Taken()
+	_, ok, _ = q.TakeWait(nil, 4)
+	assert.False(t, ok, "closed and empty")
 }
 
 func TestPushWait(t *testing.T) {
@@ -139,19 +146,23 @@ func TestManyProducersOneConsumer(t *testing.T) {
 		for i := range last {
 			last[i] = -1
 		}
-		for range producers * each {
-			require.True(t, q.Wait(nil))
-			v, ok := q.Pop()
+		for got := 0; got < producers*each; {
+			view, ok, _ := q.TakeWait(nil, 5)
 			require.True(t, ok)
-			require.Equal(t, last[v[0]]+1, v[1], "per-producer order")
-			last[v[0]] = v[1]
+			for _, v := range view { // producers wait for room meanwhile
+				require.Equal(t, last[v[0]]+1, v[1], "per-producer order")
+				last[v[0]] = v[1]
+				q.Taken()
+				got++
+			}
 		}
 		q.Close()
-		assert.False(t, q.Wait(nil))
+		_, ok, _ := q.TakeWait(nil, 5)
+		assert.False(t, ok)
 	})
 }
 
-func TestWaitStops(t *testing.T) {
+func TestTakeWaitStops(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		q := New[int](1)
 		stop := make(chan struct{})
@@ -159,13 +170,17 @@ func TestWaitStops(t *testing.T) {
 			time.Sleep(time.Second)
 			close(stop)
 		}()
-		assert.False(t, q.Wait(stop))
+		_, ok, waited := q.TakeWait(stop, 1)
+		assert.False(t, ok)
+		assert.True(t, waited)
 		require.NoError(t, q.TryPush(1))
-		assert.True(t, q.Wait(stop), "an item is reported even when stopped")
+		view, ok, _ := q.TakeWait(stop, 1)
+		assert.True(t, ok, "an item is reported even when stopped")
+		assert.Equal(t, []int{1}, view)
 	})
 }
 
-func TestPeekNAdvanceNAcrossWrap(t *testing.T) {
+func TestViewAcrossWrap(t *testing.T) {
 	q := New[int](8)
 	for i := range 8 {
 		require.NoError(t, q.TryPush(i))
@@ -176,16 +191,25 @@ func TestPeekNAdvanceNAcrossWrap(t *testing.T) {
 	for i := 8; i < 13; i++ { // wraps around the ring's end
 		require.NoError(t, q.TryPush(i))
 	}
-	assert.Equal(t, []int{5, 6, 7}, q.PeekN(6), "the view stops at the ring's end")
-	assert.Equal(t, 8, q.Len(), "peeked items stay queued")
-	q.AdvanceN(3)
-	assert.Equal(t, []int{8, 9, 10, 11}, q.PeekN(4))
-	q.AdvanceN(1)
-	assert.Equal(t, []int{9, 10, 11, 12}, q.PeekN(6))
-	q.AdvanceN(100) // clamps to Len
+	view := takeView(t, q, 6)
+	assert.Equal(t, []int{5, 6, 7}, view, "the view stops at the ring's end")
+	assert.Equal(t, 8, q.Len(), "items in a view stay queued")
+	q.TakenN(3)
+	assert.Equal(t, []int{8, 9, 10, 11}, takeView(t, q, 4))
+	q.TakenN(1)
+	assert.Equal(t, []int{9, 10, 11, 12}, takeView(t, q, 6))
+	head, n := q.Head()
+	assert.Equal(t, 9, head)
+	assert.Equal(t, 4, n)
+	q.TakenN(4)
 	assert.Equal(t, 0, q.Len())
-	q.AdvanceN(-1)
-	assert.Empty(t, q.PeekN(6))
+}
+
+func takeView[T any](t *testing.T, q *Queue[T], max int) []T {
+	t.Helper()
+	view, ok, _ := q.TakeWait(nil, max)
+	require.True(t, ok)
+	return view
 }
 
 // A view stays valid and unchanged while producers push and the ring grows
@@ -195,7 +219,7 @@ func TestViewSurvivesGrowth(t *testing.T) {
 	for i := range minAlloc {
 		require.NoError(t, q.TryPush(i))
 	}
-	view := q.PeekN(minAlloc)
+	view := takeView(t, q, minAlloc)
 	require.Len(t, view, minAlloc)
 	for i := minAlloc; i < 200; i++ { // grows the ring several times
 		require.NoError(t, q.TryPush(i))
@@ -203,7 +227,7 @@ func TestViewSurvivesGrowth(t *testing.T) {
 	for i, v := range view {
 		assert.Equal(t, i, v)
 	}
-	q.AdvanceN(minAlloc)
+	q.TakenN(minAlloc)
 	assert.Equal(t, 200-minAlloc, q.Len())
 	v, ok := q.Pop()
 	assert.True(t, ok)
@@ -292,7 +316,7 @@ func TestTryPushN(t *testing.T) {
 	k, err := q.TryPushN([]int{1, 2, 3, 4, 5, 6})
 	require.NoError(t, err)
 	assert.Equal(t, 4, k, "as many as fit, in order")
-	assert.Equal(t, []int{0, 1, 2, 3, 4}, q.PeekN(5))
+	assert.Equal(t, []int{0, 1, 2, 3, 4}, takeView(t, q, 5))
 	k, err = q.TryPushN([]int{9})
 	assert.Zero(t, k)
 	assert.NoError(t, err, "full is not an error")
