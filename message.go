@@ -29,6 +29,9 @@ type Message struct {
 	// Attempt is set by the broker on each delivery: 1 for the first.
 	Attempt int
 	// PublishedAt is set by Publish to the time the message was accepted.
+	// It carries a monotonic clock reading, like time.Now's; its wall clock
+	// reading is re-read from the system at least once a second and follows
+	// the monotonic clock in between.
 	PublishedAt time.Time
 }
 
