@@ -126,6 +126,10 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 // lock.
 const workBatch = 64
 
+// prefetchAhead is how many messages ahead of the one it delivers a worker
+// asks for the dedup store's memory.
+const prefetchAhead = 2
+
 // work is one worker: it delivers what its lane holds until the lane is
 // closed and empty, or the subscription is stopped at once; then it
 // dead-letters what is left.
@@ -149,6 +153,9 @@ func (s *Subscription) work(lane *queue.Queue[envelope]) {
 			clk.reset()
 		}
 		for i := range view {
+			if i+prefetchAhead < len(view) {
+				s.pipe.prefetch(&view[i+prefetchAhead])
+			}
 			env := view[i] // the pipeline writes Attempt: a copy of its own
 			lane.Taken()
 			s.c.inFlight.Add(1)
