@@ -740,6 +740,59 @@ func TestSlowSubscriberDoesNotDelayFast(t *testing.T) {
 	})
 }
 
+// InFlight counts the messages a subscriber's workers hold — running, or
+// waiting out a retry's backoff — and not the ones still in its lanes.
+func TestStatsInFlight(t *testing.T) {
+	tests := []struct {
+		name        string
+		concurrency int
+		failFirst   bool // each message fails once, then waits a minute's backoff
+	}{
+		{"one worker blocked", 1, false},
+		{"four workers blocked", 4, false},
+		{"retry waiting out its backoff", 1, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: 1, Backoff: ConstantBackoff(time.Minute)}))
+				release := make(chan struct{})
+				var tries sync.Map
+				sub, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
+					if _, again := tries.LoadOrStore(m.ID, true); tt.failFirst && !again {
+						return errors.New("once")
+					}
+					<-release
+					return nil
+				}, Concurrency(tt.concurrency))
+				require.NoError(t, err)
+				busy := map[any]bool{} // the lanes (workers) that get a message
+				for i := range 40 {
+					m := Message{ID: fmt.Sprintf("m-%d", i), Topic: "t", Key: fmt.Sprintf("k%d", i)}
+					busy[sub.lane(&m)] = true
+					require.NoError(t, b.Publish(context.Background(), m))
+				}
+				idle()
+				ss := subStats(t, b, "t", "s")
+				assert.Equal(t, len(busy), ss.InFlight, "one per worker with work")
+				assert.Equal(t, 40-len(busy), ss.Queued)
+				close(release)
+				time.Sleep(2 * time.Hour) // every backoff
+				idle()
+				ss = subStats(t, b, "t", "s")
+				assert.Zero(t, ss.InFlight)
+				assert.Zero(t, ss.Queued)
+				assert.Equal(t, uint64(40), ss.Delivered)
+				wantAttempts := uint64(40)
+				if tt.failFirst {
+					wantAttempts = 80
+				}
+				assert.Equal(t, wantAttempts, ss.Attempts, "failed attempts and the delivered ones")
+			})
+		})
+	}
+}
+
 func TestBackpressureReachesPublish(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		b := newTestBroker(t, WithQueueSize(4), WithPublishTimeout(0))

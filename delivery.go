@@ -189,7 +189,8 @@ func (p *pipeline) logStoreError(op, id string, err error) {
 }
 
 // attempt runs the handler once for msg (msg.Attempt set) and decides what
-// follows. It counts the attempt and nothing else.
+// follows. It counts a failed attempt and nothing else; a successful one
+// counts with the delivery (one counter fewer on the hot path).
 func (p *pipeline) attempt(ctx context.Context, msg *Message) step {
 	timed := p.rec.obs != nil // handler run time is only for the observer
 	var start time.Time
@@ -201,11 +202,11 @@ func (p *pipeline) attempt(ctx context.Context, msg *Message) step {
 	if timed {
 		s.took = time.Since(start)
 	}
-	p.rec.c.attempts.Add(1)
 	if err == nil {
-		s.outcome = OutcomeDelivered
+		s.outcome = OutcomeDelivered // counted as an attempt with the delivery
 		return s
 	}
+	p.rec.c.failed.Add(1)
 	f := classify(err, timedOut)
 	v := p.policy.decide(f, msg.Attempt)
 	s.code, s.retryable = f.code, v.retryable

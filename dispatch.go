@@ -192,7 +192,7 @@ func (t *topic) removeSubLocked(s *Subscription) {
 }
 
 func (t *topic) stats(now time.Time) TopicStats {
-	head, n := t.q.Head()
+	head, n, _ := t.q.Head()
 	ts := TopicStats{
 		Published: t.c.published.Load(),
 		Rejected:  t.c.rejected.Load(),

@@ -187,13 +187,13 @@ type topicCounters struct {
 type subCounters struct {
 	routed       atomic.Uint64
 	_            [cacheLine - 8]byte
-	delivered    atomic.Uint64
-	attempts     atomic.Uint64
+	delivered    atomic.Uint64 // also the successful attempts
+	failed       atomic.Uint64 // failed attempts; Attempts is failed + delivered
 	retries      atomic.Uint64
 	deadLettered atomic.Uint64
 	deduplicated atomic.Uint64
 	dlErrors     atomic.Uint64
-	inFlight     atomic.Int64
+	inFlight     atomic.Int64 // outside the workers' loop; theirs are in their lanes
 	_            [cacheLine - 8]byte
 }
 
@@ -205,7 +205,7 @@ func (c *subCounters) snapshot() SubscriberStats {
 		InFlight:         int(c.inFlight.Load()),
 		Routed:           c.routed.Load(),
 		Delivered:        c.delivered.Load(),
-		Attempts:         c.attempts.Load(),
+		Attempts:         c.failed.Load() + c.delivered.Load(),
 		Retries:          c.retries.Load(),
 		DeadLettered:     c.deadLettered.Load(),
 		Deduplicated:     c.deduplicated.Load(),

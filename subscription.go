@@ -157,10 +157,9 @@ func (s *Subscription) work(lane *queue.Queue[envelope]) {
 				s.pipe.prefetch(&view[i+prefetchAhead])
 			}
 			env := view[i] // the pipeline writes Attempt: a copy of its own
-			lane.Taken()
-			s.c.inFlight.Add(1)
+			lane.Taken()   // out of the lane's count, in flight (in its hands)
 			s.pipe.deliver(s.ctx, &env, &clk)
-			s.c.inFlight.Add(-1)
+			lane.Done() // no longer in flight
 		}
 	}
 	if s.ctx.Err() == nil {
@@ -254,8 +253,9 @@ func (s *Subscription) fill(st *SubscriberStats, now time.Time) {
 	st.Active = true
 	st.Concurrency = len(s.lanes)
 	for _, lane := range s.lanes {
-		head, n := lane.Head()
+		head, n, inHand := lane.Head()
 		st.Queued += n
+		st.InFlight += inHand
 		st.Capacity += lane.Cap()
 		st.OldestAge = max(st.OldestAge, age(now, head.msg.PublishedAt, n))
 	}

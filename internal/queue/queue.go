@@ -57,6 +57,10 @@ type Queue[T any] struct {
 	// the lock: they no longer count as queued, and leave the ring at the
 	// next settleLocked.
 	taken atomic.Int64
+	// settled counts the taken items removed so far, and done those the
+	// consumer has finished with (Done): the difference is in its hands.
+	settled int
+	done    atomic.Int64
 	// roomWanted is set while a producer waits for room, so that Taken
 	// settles at once rather than at the consumer's next lock.
 	roomWanted atomic.Bool
@@ -268,6 +272,11 @@ func (q *Queue[T]) TakenN(k int) {
 	}
 }
 
+// Done tells the queue that the consumer has finished with the oldest item
+// it took and had not finished, for InHand. Only the consumer may call it.
+// It takes no lock.
+func (q *Queue[T]) Done() { q.done.Add(1) }
+
 // settleLocked removes the items the consumer has taken. The consumer does
 // it whenever it holds the lock, a producer when the ring is full.
 func (q *Queue[T]) settleLocked() {
@@ -276,6 +285,7 @@ func (q *Queue[T]) settleLocked() {
 			q.removeLocked()
 		}
 		q.taken.Add(-k) // the consumer may have taken more meanwhile
+		q.settled += int(k)
 	}
 }
 
@@ -345,12 +355,15 @@ func (q *Queue[T]) Len() int {
 // Cap returns the queue's capacity.
 func (q *Queue[T]) Cap() int { return q.limit }
 
-// Head returns a copy of the oldest item not taken and the queue length
-// (as Len), under one lock.
-func (q *Queue[T]) Head() (v T, n int) {
+// Head returns a copy of the oldest item not taken, the queue length (as
+// Len) and how many items the consumer has taken and not marked Done, under
+// one lock.
+func (q *Queue[T]) Head() (v T, n, inHand int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	done := int(q.done.Load()) // before taken: an item is taken before it is done
 	k := int(q.taken.Load())
+	inHand = q.settled + k - done
 	if n = q.n - k; n > 0 {
 		i := q.head + k
 		if i >= len(q.buf) {
@@ -358,5 +371,5 @@ func (q *Queue[T]) Head() (v T, n int) {
 		}
 		v = q.buf[i]
 	}
-	return v, n
+	return v, n, inHand
 }

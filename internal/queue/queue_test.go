@@ -51,7 +51,7 @@ func TestBounds(t *testing.T) {
 	assert.ErrorIs(t, q.TryPush(9), ErrFull)
 	assert.Equal(t, 3, q.Len())
 	assert.Equal(t, 3, q.Cap())
-	head, n := q.Head()
+	head, n, _ := q.Head()
 	assert.Equal(t, 0, head)
 	assert.Equal(t, 3, n)
 	assert.Equal(t, 1, New[int](0).Cap(), "capacity at least 1")
@@ -198,7 +198,7 @@ func TestViewAcrossWrap(t *testing.T) {
 	assert.Equal(t, []int{8, 9, 10, 11}, takeView(t, q, 4))
 	q.TakenN(1)
 	assert.Equal(t, []int{9, 10, 11, 12}, takeView(t, q, 6))
-	head, n := q.Head()
+	head, n, _ := q.Head()
 	assert.Equal(t, 9, head)
 	assert.Equal(t, 4, n)
 	q.TakenN(4)
@@ -252,7 +252,7 @@ func TestTakeWait(t *testing.T) {
 
 		q.Taken()
 		assert.Equal(t, 2, q.Len(), "a taken item leaves the count at once")
-		head, n := q.Head()
+		head, n, _ := q.Head()
 		assert.Equal(t, 2, head, "Head skips taken items")
 		assert.Equal(t, 2, n)
 
@@ -308,6 +308,34 @@ func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 		require.True(t, ok)
 		assert.Equal(t, []int{3}, view)
 	})
+}
+
+// InHand counts what the consumer took and has not marked Done, across
+// settling (by the consumer or by a producer).
+func TestInHand(t *testing.T) {
+	q := New[int](2)
+	inHand := func() int {
+		_, _, h := q.Head()
+		return h
+	}
+	_, _ = q.TryPushN([]int{1, 2})
+	view := takeView(t, q, 2)
+	require.Len(t, view, 2)
+	assert.Equal(t, 0, inHand())
+	q.Taken()
+	assert.Equal(t, 1, inHand())
+	require.NoError(t, q.TryPush(3), "the producer settles the taken item")
+	assert.Equal(t, 1, inHand(), "still in the consumer's hands")
+	q.Taken()
+	assert.Equal(t, 2, inHand())
+	q.Done()
+	assert.Equal(t, 1, inHand())
+	assert.Equal(t, []int{3}, takeView(t, q, 2), "the consumer settled the second")
+	q.Done()
+	head, n, h := q.Head()
+	assert.Equal(t, 3, head)
+	assert.Equal(t, 1, n)
+	assert.Equal(t, 0, h)
 }
 
 func TestTryPushN(t *testing.T) {
