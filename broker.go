@@ -108,7 +108,6 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	}
 	switch err {
 	case nil:
-		t.c.published.Add(1)
 		if b.cfg.obs != nil {
 			b.cfg.obs.Published(PublishEvent{Topic: msg.Topic, MessageID: msg.ID, PublishedAt: msg.PublishedAt})
 		}

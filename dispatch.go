@@ -192,14 +192,14 @@ func (t *topic) removeSubLocked(s *Subscription) {
 }
 
 func (t *topic) stats(now time.Time) TopicStats {
-	head, n, _ := t.q.Head()
+	q := t.q.Snapshot()
 	ts := TopicStats{
-		Published: t.c.published.Load(),
+		Published: q.Pushed, // a publish is accepted when it is queued
 		Rejected:  t.c.rejected.Load(),
 		Unrouted:  t.c.unrouted.Load(),
-		Queued:    n,
+		Queued:    q.Len,
 		Capacity:  t.q.Cap(),
-		OldestAge: age(now, head.msg.PublishedAt, n),
+		OldestAge: age(now, q.Head.msg.PublishedAt, q.Len),
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()

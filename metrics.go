@@ -173,11 +173,11 @@ type DeadLetterEvent struct {
 	StoreErr   error // the store's Put error; nil when stored
 }
 
-// topicCounters are a topic's publish-side counters.
+// topicCounters are a topic's publish-side counters (its queue counts the
+// publishes it accepted).
 type topicCounters struct {
-	published atomic.Uint64
-	rejected  atomic.Uint64
-	unrouted  atomic.Uint64
+	rejected atomic.Uint64
+	unrouted atomic.Uint64
 }
 
 // subCounters are one (topic, subscriber name)'s counters; they outlive a

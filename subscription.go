@@ -253,11 +253,11 @@ func (s *Subscription) fill(st *SubscriberStats, now time.Time) {
 	st.Active = true
 	st.Concurrency = len(s.lanes)
 	for _, lane := range s.lanes {
-		head, n, inHand := lane.Head()
-		st.Queued += n
-		st.InFlight += inHand
+		q := lane.Snapshot()
+		st.Queued += q.Len
+		st.InFlight += q.InHand
 		st.Capacity += lane.Cap()
-		st.OldestAge = max(st.OldestAge, age(now, head.msg.PublishedAt, n))
+		st.OldestAge = max(st.OldestAge, age(now, q.Head.msg.PublishedAt, q.Len))
 	}
 }
 

@@ -52,6 +52,7 @@ type Queue[T any] struct {
 	sleeping bool       // the consumer waits on ready
 	ready    chan struct{}
 	room     chan struct{} // closed (and cleared) when room appears; nil while no producer waits
+	pushed   uint64        // items ever pushed
 
 	// taken counts the oldest items the consumer has taken (Taken) without
 	// the lock: they no longer count as queued, and leave the ring at the
@@ -169,6 +170,7 @@ func (q *Queue[T]) appendLocked(v T) {
 	}
 	q.buf[i] = v
 	q.n++
+	q.pushed++
 }
 
 // unlockAfterPush releases the lock and, if something was pushed while the
@@ -355,21 +357,27 @@ func (q *Queue[T]) Len() int {
 // Cap returns the queue's capacity.
 func (q *Queue[T]) Cap() int { return q.limit }
 
-// Head returns a copy of the oldest item not taken, the queue length (as
-// Len) and how many items the consumer has taken and not marked Done, under
-// one lock.
-func (q *Queue[T]) Head() (v T, n, inHand int) {
+// Snapshot is a queue's state at one moment.
+type Snapshot[T any] struct {
+	Head   T      // a copy of the oldest item not taken; zero when Len is 0
+	Len    int    // items queued (as Len)
+	InHand int    // items the consumer has taken and not marked Done
+	Pushed uint64 // items ever pushed
+}
+
+// Snapshot returns the queue's state, under one lock.
+func (q *Queue[T]) Snapshot() Snapshot[T] {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	done := int(q.done.Load()) // before taken: an item is taken before it is done
 	k := int(q.taken.Load())
-	inHand = q.settled + k - done
-	if n = q.n - k; n > 0 {
+	st := Snapshot[T]{Len: q.n - k, InHand: q.settled + k - done, Pushed: q.pushed}
+	if st.Len > 0 {
 		i := q.head + k
 		if i >= len(q.buf) {
 			i -= len(q.buf)
 		}
-		v = q.buf[i]
+		st.Head = q.buf[i]
 	}
-	return v, n, inHand
+	return st
 }

@@ -51,9 +51,9 @@ func TestBounds(t *testing.T) {
 	assert.ErrorIs(t, q.TryPush(9), ErrFull)
 	assert.Equal(t, 3, q.Len())
 	assert.Equal(t, 3, q.Cap())
-	head, n, _ := q.Head()
-	assert.Equal(t, 0, head)
-	assert.Equal(t, 3, n)
+	st := q.Snapshot()
+	assert.Equal(t, 0, st.Head)
+	assert.Equal(t, 3, st.Len)
 	assert.Equal(t, 1, New[int](0).Cap(), "capacity at least 1")
 }
 
@@ -198,9 +198,10 @@ func TestViewAcrossWrap(t *testing.T) {
 	assert.Equal(t, []int{8, 9, 10, 11}, takeView(t, q, 4))
 	q.TakenN(1)
 	assert.Equal(t, []int{9, 10, 11, 12}, takeView(t, q, 6))
-	head, n, _ := q.Head()
-	assert.Equal(t, 9, head)
-	assert.Equal(t, 4, n)
+	st := q.Snapshot()
+	assert.Equal(t, 9, st.Head)
+	assert.Equal(t, 4, st.Len)
+	assert.Equal(t, uint64(13), st.Pushed, "every push counts, taken or not")
 	q.TakenN(4)
 	assert.Equal(t, 0, q.Len())
 }
@@ -252,9 +253,9 @@ func TestTakeWait(t *testing.T) {
 
 		q.Taken()
 		assert.Equal(t, 2, q.Len(), "a taken item leaves the count at once")
-		head, n, _ := q.Head()
-		assert.Equal(t, 2, head, "Head skips taken items")
-		assert.Equal(t, 2, n)
+		st := q.Snapshot()
+		assert.Equal(t, 2, st.Head, "Head skips taken items")
+		assert.Equal(t, 2, st.Len)
 
 		require.NoError(t, q.TryPush(4))
 		require.NoError(t, q.TryPush(5), "a taken item's slot is free for a producer")
@@ -314,10 +315,7 @@ func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 // settling (by the consumer or by a producer).
 func TestInHand(t *testing.T) {
 	q := New[int](2)
-	inHand := func() int {
-		_, _, h := q.Head()
-		return h
-	}
+	inHand := func() int { return q.Snapshot().InHand }
 	_, _ = q.TryPushN([]int{1, 2})
 	view := takeView(t, q, 2)
 	require.Len(t, view, 2)
@@ -332,10 +330,11 @@ func TestInHand(t *testing.T) {
 	assert.Equal(t, 1, inHand())
 	assert.Equal(t, []int{3}, takeView(t, q, 2), "the consumer settled the second")
 	q.Done()
-	head, n, h := q.Head()
-	assert.Equal(t, 3, head)
-	assert.Equal(t, 1, n)
-	assert.Equal(t, 0, h)
+	st := q.Snapshot()
+	assert.Equal(t, 3, st.Head)
+	assert.Equal(t, 1, st.Len)
+	assert.Equal(t, 0, st.InHand)
+	assert.Equal(t, uint64(3), st.Pushed)
 }
 
 func TestTryPushN(t *testing.T) {
