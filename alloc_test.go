@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"strconv"
 	"testing"
+	"unsafe"
 )
 
 // TestAllocations pins the hot path's allocations: Publish of a message
@@ -62,6 +63,17 @@ func TestAllocations(t *testing.T) {
 				t.Errorf("%.2f allocations per message, want at most %v", got, tt.wanted)
 			}
 		})
+	}
+}
+
+// An envelope is copied into every queue a message passes through: it is
+// kept at two cache lines on 64-bit platforms.
+func TestEnvelopeSize(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("64-bit platforms only")
+	}
+	if got := unsafe.Sizeof(envelope{}); got != 128 {
+		t.Errorf("envelope is %d bytes, want 128", got)
 	}
 }
 

@@ -282,8 +282,8 @@ func (b *Broker) redriveOne(ctx context.Context, id string) error {
 	if s == nil {
 		return fmt.Errorf("%w: redrive %q: %q on topic %q", ErrSubscriberNotFound, id, dl.Subscriber, dl.Message.Topic)
 	}
-	env := envelope{msg: dl.Message, redrive: true}
-	env.msg.Attempt = 0
+	env := envelope{msg: dl.Message}
+	env.msg.Attempt = redriveMark // delivered from attempt 1, without the dedup check
 	timer := time.NewTimer(b.cfg.publishTimeout)
 	defer timer.Stop()
 	switch err := s.route(&env, ctx.Done(), timer.C, nil); err {
