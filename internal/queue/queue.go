@@ -96,7 +96,7 @@ func (q *Queue[T]) TryPushN(vs []T) (int, error) {
 		q.mu.Unlock()
 		return 0, ErrClosed
 	}
-	k := min(len(vs), q.roomLocked())
+	k := min(len(vs), q.roomLocked(len(vs)))
 	for _, v := range vs[:k] {
 		q.appendLocked(v)
 	}
@@ -115,7 +115,9 @@ func (q *Queue[T]) PushWait(v T, stop1, stop2 <-chan struct{}, deadline <-chan t
 			// Say so before looking again: a consumer taking an item after
 			// that look sees the flag and settles (see Taken).
 			q.roomWanted.Store(true)
-			err = q.pushLocked(v)
+			if err = q.pushLocked(v); err != ErrFull && q.room == nil {
+				q.roomWanted.Store(false) // no producer waits after all
+			}
 		}
 		if err != ErrFull {
 			q.unlockAfterPush(err == nil)
@@ -143,17 +145,17 @@ func (q *Queue[T]) pushLocked(v T) error {
 	if q.closed {
 		return ErrClosed
 	}
-	if q.roomLocked() == 0 {
+	if q.roomLocked(1) == 0 {
 		return ErrFull
 	}
 	q.appendLocked(v)
 	return nil
 }
 
-// roomLocked returns how many items fit; when the ring is full it first
+// roomLocked returns how many items fit; when fewer than want do, it first
 // removes what the consumer has taken.
-func (q *Queue[T]) roomLocked() int {
-	if q.n == q.limit {
+func (q *Queue[T]) roomLocked(want int) int {
+	if q.limit-q.n < want {
 		q.settleLocked()
 	}
 	return q.limit - q.n
@@ -283,18 +285,19 @@ func (q *Queue[T]) Done() { q.done.Add(1) }
 // it whenever it holds the lock, a producer when the ring is full.
 func (q *Queue[T]) settleLocked() {
 	if k := q.taken.Load(); k > 0 {
+		q.taken.Add(-k)        // the consumer may have taken more meanwhile
+		k = min(k, int64(q.n)) // more than queued would be a consumer bug: not removing unread items is all we can do
 		for range k {
 			q.removeLocked()
 		}
-		q.taken.Add(-k) // the consumer may have taken more meanwhile
 		q.settled += int(k)
 	}
 }
 
-// viewLocked returns up to max of the oldest items in place: those before
-// the ring's end, so fewer than max when the queue wraps.
-func (q *Queue[T]) viewLocked(max int) []T {
-	end := min(q.head+q.n, len(q.buf), q.head+max)
+// viewLocked returns up to limit (at least 1) of the oldest items in place:
+// those before the ring's end, so fewer when the queue wraps.
+func (q *Queue[T]) viewLocked(limit int) []T {
+	end := min(q.head+q.n, len(q.buf), q.head+max(limit, 1))
 	return q.buf[q.head:end:end]
 }
 
@@ -361,7 +364,7 @@ func (q *Queue[T]) Cap() int { return q.limit }
 type Snapshot[T any] struct {
 	Head   T      // a copy of the oldest item not taken; zero when Len is 0
 	Len    int    // items queued (as Len)
-	InHand int    // items the consumer has taken and not marked Done
+	InHand int    // items the consumer has taken and not marked Done (for a consumer that calls Done)
 	Pushed uint64 // items ever pushed
 }
 

@@ -1,6 +1,10 @@
 package queue
 
 import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -351,4 +355,157 @@ func TestTryPushN(t *testing.T) {
 	k, err = q.TryPushN([]int{9})
 	assert.Zero(t, k)
 	assert.ErrorIs(t, err, ErrClosed)
+}
+
+// A consumer that marks more items taken than it read (a bug) loses no
+// unread item: the excess is dropped when the queue settles.
+func TestTakenNBeyondTheQueue(t *testing.T) {
+	q := New[int](3)
+	_, _ = q.TryPushN([]int{1, 2, 3})
+	require.Len(t, takeView(t, q, 3), 3)
+	q.TakenN(5)
+	k, err := q.TryPushN([]int{4, 5, 6}) // full: settles
+	require.NoError(t, err)
+	require.Equal(t, 3, k)
+	assert.Equal(t, []int{4, 5, 6}, takeView(t, q, 3), "nothing unread removed")
+	st := q.Snapshot()
+	assert.Equal(t, 3, st.Len)
+	assert.Equal(t, 3, st.InHand, "the three items read")
+}
+
+// TryPushN settles taken items when they are what keeps its items out.
+func TestTryPushNSettlesForRoom(t *testing.T) {
+	q := New[int](4)
+	_, _ = q.TryPushN([]int{1, 2, 3})
+	require.Len(t, takeView(t, q, 3), 3)
+	q.TakenN(2)
+	k, err := q.TryPushN([]int{4, 5, 6})
+	require.NoError(t, err)
+	assert.Equal(t, 3, k, "the ring was not full, but two taken slots were needed")
+}
+
+func TestTakeWaitWithoutAMax(t *testing.T) {
+	q := New[int](2)
+	require.NoError(t, q.TryPush(1))
+	assert.Equal(t, []int{1}, takeView(t, q, 0), "at least one item")
+}
+
+// stressItem carries a checksum so that a slot overwritten or read torn
+// while the consumer still reads it shows.
+type stressItem struct {
+	p, i int
+	sum  [6]int
+}
+
+func newStressItem(p, i int) stressItem {
+	it := stressItem{p: p, i: i}
+	for k := range it.sum {
+		it.sum[k] = p*1_000_003 + i + k
+	}
+	return it
+}
+
+func (it stressItem) intact() bool { return it == newStressItem(it.p, it.i) }
+
+// Producers mixing PushWait, TryPush and TryPushN into small queues, a
+// consumer taking random views and marking items taken and done in random
+// steps, and a Stats-like reader: order per producer, intact items, counts
+// in range throughout, exact at the end, and no producer left signalled as
+// waiting. Run with -race.
+func TestConcurrentTakeStress(t *testing.T) {
+	for _, capacity := range []int{1, 2, 3, 5, 17, 40} {
+		t.Run(fmt.Sprint(capacity), func(t *testing.T) {
+			const producers, each = 6, 2000
+			q := New[stressItem](capacity)
+			var wg sync.WaitGroup
+			for p := range producers {
+				wg.Go(func() {
+					r := rand.New(rand.NewPCG(uint64(p), 1))
+					for i := 0; i < each; {
+						switch r.IntN(3) {
+						case 0:
+							if err := q.PushWait(newStressItem(p, i), nil, nil, nil); err != nil {
+								t.Error(err)
+								return
+							}
+							i++
+						case 1:
+							if q.TryPush(newStressItem(p, i)) == nil {
+								i++
+							}
+						default:
+							vs := make([]stressItem, min(each-i, 1+r.IntN(4)))
+							for k := range vs {
+								vs[k] = newStressItem(p, i+k)
+							}
+							k, _ := q.TryPushN(vs)
+							i += k
+						}
+					}
+				})
+			}
+			stop := make(chan struct{})
+			var bad atomic.Int64
+			var reader sync.WaitGroup
+			reader.Go(func() {
+				var pushed uint64
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					st := q.Snapshot()
+					if st.Len < 0 || st.Len > capacity || st.InHand < 0 || st.Pushed < pushed || (st.Len > 0 && !st.Head.intact()) {
+						bad.Add(1)
+					}
+					pushed = st.Pushed
+					q.mu.Lock()
+					if q.roomWanted.Load() && q.room == nil { // a flag no waiting producer clears: every Taken would lock
+						bad.Add(1)
+					}
+					q.mu.Unlock()
+				}
+			})
+			r := rand.New(rand.NewPCG(99, uint64(capacity)))
+			last := make([]int, producers)
+			for i := range last {
+				last[i] = -1
+			}
+			for got, held := 0, 0; got < producers*each || held > 0; {
+				if got == producers*each {
+					q.Done()
+					held--
+					continue
+				}
+				view := takeView(t, q, 1+r.IntN(8))
+				for i := 0; i < len(view); {
+					k := 1 + r.IntN(len(view)-i)
+					for _, v := range view[i : i+k] {
+						require.True(t, v.intact(), "item %+v", v)
+						require.Equal(t, last[v.p]+1, v.i, "order of producer %d", v.p)
+						last[v.p] = v.i
+					}
+					if r.IntN(2) == 0 {
+						q.TakenN(k)
+					} else {
+						for range k {
+							q.Taken()
+						}
+					}
+					held, got, i = held+k, got+k, i+k
+					for held > 0 && r.IntN(2) == 0 {
+						q.Done()
+						held--
+					}
+				}
+			}
+			wg.Wait()
+			close(stop)
+			reader.Wait()
+			assert.Zero(t, bad.Load(), "snapshots out of range, or roomWanted without a waiting producer")
+			assert.Equal(t, Snapshot[stressItem]{Pushed: producers * each}, q.Snapshot())
+			assert.False(t, q.roomWanted.Load(), "no producer waits: Taken must not lock")
+		})
+	}
 }
