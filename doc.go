@@ -23,9 +23,10 @@
 //
 // Publish validates the message and puts it into its topic's bounded queue;
 // nothing else ("published" means "queued", never "handled"). One
-// dispatcher goroutine per topic takes messages in FIFO order and copies
-// each into the lane of every subscriber. Each subscriber's workers take
-// messages from its lane and run the delivery pipeline: dedup check,
+// dispatcher goroutine per topic takes messages in FIFO order, up to 64
+// under one lock, and copies each into the lane of every subscriber. Each
+// subscriber's workers take messages from their lanes (also up to 64 under
+// one lock) and run the delivery pipeline: dedup check,
 // attempt (handler with deadline and panic recovery), classify the error,
 // retry after a backoff or dead-letter, record stats, logs and observer
 // events.

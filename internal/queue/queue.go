@@ -4,8 +4,9 @@
 //
 // It is a ring buffer under a mutex rather than a channel because the broker
 // needs what a channel cannot give: the oldest waiting item (for its age in
-// Stats), peeking a batch without removing it (so an item counts as queued
-// until it has been routed), and closing the producer side without a
+// Stats), a batch of items under one lock that the consumer works on in
+// place (an item counts as queued until the consumer has taken it: routed
+// it, or started its delivery), and closing the producer side without a
 // send-on-closed panic.
 package queue
 
