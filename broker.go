@@ -321,7 +321,8 @@ func (b *Broker) newDeadLetterID() string {
 }
 
 // Stats returns a snapshot of every topic's and subscriber's counters and
-// queues. It takes no lock that Publish or delivery take.
+// queues. It takes no broker-wide lock: each queue's lock briefly, one at a
+// time (as a push or a take does), and each topic's subscriber list lock.
 func (b *Broker) Stats() Stats {
 	now := time.Now()
 	topics := *b.topics.Load()

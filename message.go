@@ -29,9 +29,11 @@ type Message struct {
 	// Attempt is set by the broker on each delivery: 1 for the first.
 	Attempt int
 	// PublishedAt is set by Publish to the time the message was accepted.
-	// It carries a monotonic clock reading, like time.Now's; its wall clock
-	// reading is re-read from the system at least once a second and follows
-	// the monotonic clock in between.
+	// It carries a monotonic clock reading, like time.Now's, which is what
+	// ages and latencies use. Its wall clock reading is the system's from
+	// less than a second before, plus the monotonic time since: so for up to
+	// a second after the system clock is set or the machine resumes from
+	// suspend, it can be off by that step.
 	PublishedAt time.Time
 }
 

@@ -36,15 +36,16 @@ var (
 const minAlloc = 16
 
 // Queue is a bounded FIFO. Any number of goroutines may push; exactly one
-// goroutine (the consumer) may use TakeWait, Taken, TakenN and Pop. Len, Cap, Head and Close are safe from any goroutine.
+// goroutine (the consumer) may use TakeWait, Taken, TakenN, Done and Pop.
+// Len, Cap, Snapshot and Close are safe from any goroutine.
 //
-// The consumer works on items in place (TakeWait): it gets a view
-// of the ring's oldest items under one lock and reads them without it.
+// The consumer works on items in place (TakeWait): it gets a view of the
+// ring's oldest items under one lock and reads them without it.
 // Producers only write slots outside the queued range, and growing the ring
 // copies it to a new array, so the view stays valid — and its items
 // unchanged — until the consumer removes them.
 type Queue[T any] struct {
-	mu       sync.Mutex // guards every field below but taken
+	mu       sync.Mutex // guards the fields below but the atomic ones
 	buf      []T        // ring; len(buf) grows by doubling up to limit
 	head     int        // index of the oldest item
 	n        int        // number of items in the ring, taken ones included
@@ -361,6 +362,10 @@ func (q *Queue[T]) Len() int {
 // Cap returns the queue's capacity.
 func (q *Queue[T]) Cap() int { return q.limit }
 
+// testHookSnapshot, when set by a test, runs in Snapshot between its
+// readings of the consumer's counts.
+var testHookSnapshot func()
+
 // Snapshot is a queue's state at one moment.
 type Snapshot[T any] struct {
 	Head   T      // a copy of the oldest item not taken; zero when Len is 0
@@ -373,8 +378,21 @@ type Snapshot[T any] struct {
 func (q *Queue[T]) Snapshot() Snapshot[T] {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	done := int(q.done.Load()) // before taken: an item is taken before it is done
-	k := int(q.taken.Load())
+	// The consumer moves taken and done without the lock: read taken
+	// between two equal readings of done, so that both are of one moment
+	// (the consumer takes an item before it is done with it).
+	var done, k int
+	for {
+		d := q.done.Load()
+		if testHookSnapshot != nil {
+			testHookSnapshot()
+		}
+		k = int(q.taken.Load())
+		if q.done.Load() == d {
+			done = int(d)
+			break
+		}
+	}
 	st := Snapshot[T]{Len: q.n - k, InHand: q.settled + k - done, Pushed: q.pushed}
 	if st.Len > 0 {
 		i := q.head + k

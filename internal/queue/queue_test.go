@@ -509,3 +509,27 @@ func TestConcurrentTakeStress(t *testing.T) {
 		})
 	}
 }
+
+// Snapshot reads the consumer's counts as of one moment: here the
+// consumer finishes its item and takes the next one right after Snapshot
+// read how many it had finished; that must not show two items in its hands.
+func TestSnapshotIsOfOneMoment(t *testing.T) {
+	q := New[int](4)
+	_, _ = q.TryPushN([]int{1, 2, 3})
+	require.Len(t, takeView(t, q, 3), 3)
+	q.Taken() // item 1 in hand
+	moves := 0
+	testHookSnapshot = func() {
+		if moves == 0 { // the consumer, between Snapshot's readings
+			q.Done()
+			q.Taken()
+		}
+		moves++
+	}
+	defer func() { testHookSnapshot = nil }()
+	st := q.Snapshot()
+	assert.Equal(t, 1, st.InHand, "one item in hand, whatever the moment")
+	assert.Equal(t, 1, st.Len)
+	assert.Equal(t, 3, st.Head, "the consumer had taken the second")
+	assert.Equal(t, 2, moves, "read again after the consumer moved")
+}

@@ -6,8 +6,9 @@
 // between adds the monotonic time elapsed since then to that reading, which
 // costs one clock read. Its times carry a monotonic reading like time.Now's,
 // so durations between them are exact; their wall clock reading misses a
-// step of the system clock (a manual set, an NTP step) until the next
-// refresh.
+// step of the system clock (a manual set, an NTP step, or the time a
+// suspended machine slept, which the monotonic clock does not count) until
+// the next refresh.
 package wallclock
 
 import (
