@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -260,5 +262,82 @@ func TestSlowDeliveryIsRemembered(t *testing.T) {
 		}
 		settle(t, b)
 		assert.Equal(t, 1, c.len(), "second copy arrived right after the first was delivered")
+	})
+}
+
+// attemptsSeen collects the attempt numbers a user can see: in observer
+// events, dead letters and log records.
+type attemptsSeen struct {
+	NopObserver
+	mu   sync.Mutex
+	seen []int
+}
+
+func (a *attemptsSeen) add(n int) {
+	a.mu.Lock()
+	a.seen = append(a.seen, n)
+	a.mu.Unlock()
+}
+
+func (a *attemptsSeen) Attempted(e AttemptEvent)                 { a.add(e.Attempt) }
+func (a *attemptsSeen) DeadLettered(e DeadLetterEvent)           { a.add(e.DeadLetter.Message.Attempt) }
+func (a *attemptsSeen) Enabled(context.Context, slog.Level) bool { return true }
+func (a *attemptsSeen) WithAttrs([]slog.Attr) slog.Handler       { return a }
+func (a *attemptsSeen) WithGroup(string) slog.Handler            { return a }
+func (a *attemptsSeen) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(at slog.Attr) bool {
+		if at.Key == "attempt" {
+			a.add(int(at.Value.Int64()))
+		}
+		return true
+	})
+	return nil
+}
+
+// A redriven dead letter is marked in its queued Attempt; cut off by Close
+// before its first attempt (queued in the lane, or waiting in Redrive for
+// room), the mark must show nowhere: not in the dead letter, an event or a
+// log record.
+func TestRedriveMarkNeverShows(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		seen := &attemptsSeen{}
+		b, err := New(WithLogger(slog.New(seen)), WithObserver(seen), WithPublishTimeout(time.Second),
+			WithRetryPolicy(RetryPolicy{MaxRetries: 0}))
+		require.NoError(t, err)
+		_, err = b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
+			if m.ID == "block" {
+				return blockUntilCancelled(ctx, m)
+			}
+			return Permanent(errBoom)
+		}, LaneSize(2))
+		require.NoError(t, err)
+		publishN(t, b, "t", "r", 3)
+		idle()
+		dls := deadLetters(t, b)
+		require.Len(t, dls, 3)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "block", Topic: "t"}))
+		idle()
+		redriven := make(chan struct{})
+		go func() { // two fill the lane, the third waits for room
+			defer close(redriven)
+			_, _ = b.Redrive(context.Background(), dls[0].ID, dls[1].ID, dls[2].ID)
+		}()
+		idle()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		var de *DrainError
+		require.ErrorAs(t, b.Close(ctx), &de)
+		<-redriven
+		for _, dl := range deadLetters(t, b) {
+			assert.GreaterOrEqual(t, dl.Message.Attempt, 0, dl.Message.ID)
+			assert.GreaterOrEqual(t, dl.Attempts, 0, dl.Message.ID)
+		}
+		seen.mu.Lock()
+		defer seen.mu.Unlock()
+		require.NotEmpty(t, seen.seen)
+		for _, n := range seen.seen {
+			assert.GreaterOrEqual(t, n, 0)
+		}
+		requireConserved(t, b.Stats())
 	})
 }
