@@ -42,11 +42,11 @@ const redriveMark = -1
 
 func (e *envelope) redriven() bool { return e.msg.Attempt == redriveMark }
 
-// step is what follows one attempt.
+// step is what follows a failed attempt.
 type step struct {
-	outcome   Outcome       // OutcomeDelivered, OutcomeRetry or OutcomeDeadLettered
+	outcome   Outcome       // OutcomeRetry or OutcomeDeadLettered
 	delay     time.Duration // before the retry
-	code      string        // error code; empty when delivered
+	code      string        // error code
 	retryable bool          // the policy allows retries for code
 	reason    string        // dead-letter reason
 	err       error         // the handler's error
@@ -86,15 +86,16 @@ func (p *pipeline) deliver(ctx context.Context, env *envelope, clk *dedupClock) 
 			}
 			return
 		}
-		s := p.attempt(ctx, msg)
-		switch s.outcome {
-		case OutcomeDelivered:
+		err, timedOut, took := p.attempt(ctx, msg)
+		if err == nil {
 			if p.dedup != nil {
 				p.record(&d, clk)
 			}
-			p.rec.delivered(msg, s.took)
+			p.rec.delivered(msg, took)
 			return
-		case OutcomeDeadLettered:
+		}
+		s := p.judge(ctx, msg, err, timedOut, took)
+		if s.outcome == OutcomeDeadLettered {
 			p.rec.deadLetter(msg, s.took, s.code, s.retryable, s.reason, s.err, true)
 			return
 		}
@@ -196,25 +197,29 @@ func (p *pipeline) logStoreError(op, id string, err error) {
 		slog.String("subscriber", p.rec.subscriber), slog.String("error", err.Error()))
 }
 
-// attempt runs the handler once for msg (msg.Attempt set) and decides what
-// follows. It counts a failed attempt and nothing else; a successful one
-// counts with the delivery (one counter fewer on the hot path).
-func (p *pipeline) attempt(ctx context.Context, msg *Message) step {
-	timed := p.rec.obs != nil // handler run time is only for the observer
+// attempt runs the handler once for msg (msg.Attempt set): its error,
+// whether its deadline had passed, and its run time (measured only for the
+// observer). A successful attempt is counted with the delivery (one counter
+// fewer on the hot path), a failed one here.
+func (p *pipeline) attempt(ctx context.Context, msg *Message) (err error, timedOut bool, took time.Duration) {
+	timed := p.rec.obs != nil
 	var start time.Time
 	if timed {
 		start = time.Now()
 	}
-	err, timedOut := p.call(ctx, msg)
-	s := step{err: err}
+	err, timedOut = p.call(ctx, msg)
 	if timed {
-		s.took = time.Since(start)
+		took = time.Since(start)
 	}
-	if err == nil {
-		s.outcome = OutcomeDelivered // counted as an attempt with the delivery
-		return s
+	if err != nil {
+		p.rec.c.failed.Add(1)
 	}
-	p.rec.c.failed.Add(1)
+	return err, timedOut, took
+}
+
+// judge decides what follows a failed attempt.
+func (p *pipeline) judge(ctx context.Context, msg *Message, err error, timedOut bool, took time.Duration) step {
+	s := step{err: err, took: took}
 	f := classify(err, timedOut)
 	v := p.policy.decide(f, msg.Attempt)
 	s.code, s.retryable = f.code, v.retryable
