@@ -855,8 +855,7 @@ func TestCloseDeadlineDeadLettersLeftovers(t *testing.T) {
 			if closed.Load() {
 				lateRuns.Add(1)
 			}
-			<-ctx.Done() // runs until Close cancels it
-			return ctx.Err()
+			return blockUntilCancelled(ctx, m) // runs until Close cancels it
 		}
 		_, err := b.Subscribe("t", "a", block, LaneSize(2))
 		require.NoError(t, err)
@@ -965,9 +964,9 @@ func TestUnsubscribeDeadlineDeadLettersLeftovers(t *testing.T) {
 		b := newTestBroker(t)
 		var cancelled atomic.Int32
 		sub, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
-			<-ctx.Done()
+			err := blockUntilCancelled(ctx, m)
 			cancelled.Add(1)
-			return ctx.Err()
+			return err
 		})
 		require.NoError(t, err)
 		publishN(t, b, "t", "m", 4)

@@ -52,8 +52,7 @@ func TestNoHandlerStartsAfterAbort(t *testing.T) {
 		var runs atomic.Int32
 		_, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
 			runs.Add(1)
-			<-ctx.Done()
-			return ctx.Err()
+			return blockUntilCancelled(ctx, m)
 		}, Concurrency(4))
 		require.NoError(t, err)
 		for i := range 20 { // one ID, many keys: several workers wait for the first
@@ -77,8 +76,7 @@ func TestAbortedDuplicateIsDeduplicated(t *testing.T) {
 		b := newTestBroker(t)
 		_, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
 			if m.ID == "block" {
-				<-ctx.Done()
-				return ctx.Err()
+				return blockUntilCancelled(ctx, m)
 			}
 			return nil
 		})
@@ -138,8 +136,7 @@ func TestRedriveDuringClose(t *testing.T) {
 			if fail.Load() {
 				return errBoom
 			}
-			<-ctx.Done()
-			return ctx.Err()
+			return blockUntilCancelled(ctx, m)
 		})
 		require.NoError(t, err)
 		publishN(t, b, "t", "m", 3)

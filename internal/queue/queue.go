@@ -37,7 +37,7 @@ const minAlloc = 16
 
 // Queue is a bounded FIFO. Any number of goroutines may push; exactly one
 // goroutine (the consumer) may use TakeWait, Taken, TakenN, Done and Pop.
-// Len, Cap, Snapshot and Close are safe from any goroutine.
+// Cap, Snapshot and Close are safe from any goroutine.
 //
 // The consumer works on items in place (TakeWait): it gets a view of the
 // ring's oldest items under one lock and reads them without it.
@@ -245,7 +245,7 @@ func (q *Queue[T]) awaitLocked(stop <-chan struct{}, waited *bool) bool {
 // TakeWait waits for an item, then returns a view of up to max of the
 // oldest items (fewer when the ring wraps), in order, without removing them;
 // waited reports that it had to wait. The consumer reads each item and then
-// calls Taken, in order: from then on Len and Head no longer count it, and
+// calls Taken, in order: from then on a Snapshot no longer counts it, and
 // it leaves the ring at the next lock (the consumer's next call, or a
 // producer's that finds the ring full). The consumer must only read the
 // view, and no item after its Taken. ok is false when the queue is closed
@@ -352,13 +352,6 @@ func (q *Queue[T]) Close() {
 	q.wake()
 }
 
-// Len returns the number of queued items (taken ones not included).
-func (q *Queue[T]) Len() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.n - int(q.taken.Load())
-}
-
 // Cap returns the queue's capacity.
 func (q *Queue[T]) Cap() int { return q.limit }
 
@@ -369,7 +362,7 @@ var testHookSnapshot func()
 // Snapshot is a queue's state at one moment.
 type Snapshot[T any] struct {
 	Head   T      // a copy of the oldest item not taken; zero when Len is 0
-	Len    int    // items queued (as Len)
+	Len    int    // items queued, taken ones not included
 	InHand int    // items the consumer has taken and not marked Done (for a consumer that calls Done)
 	Pushed uint64 // items ever pushed
 }

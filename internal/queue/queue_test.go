@@ -44,7 +44,7 @@ func TestFIFOAcrossGrowthAndWrap(t *testing.T) {
 		want++
 	}
 	assert.Equal(t, next, want)
-	assert.Equal(t, 0, q.Len())
+	assert.Equal(t, 0, q.Snapshot().Len)
 }
 
 func TestBounds(t *testing.T) {
@@ -53,7 +53,7 @@ func TestBounds(t *testing.T) {
 		require.NoError(t, q.TryPush(i))
 	}
 	assert.ErrorIs(t, q.TryPush(9), ErrFull)
-	assert.Equal(t, 3, q.Len())
+	assert.Equal(t, 3, q.Snapshot().Len)
 	assert.Equal(t, 3, q.Cap())
 	st := q.Snapshot()
 	assert.Equal(t, 0, st.Head)
@@ -68,15 +68,15 @@ func TestViewKeepsItemsQueuedUntilTaken(t *testing.T) {
 	view, ok, _ := q.TakeWait(nil, 1)
 	require.True(t, ok)
 	assert.Equal(t, []string{"a"}, view, "at most max")
-	assert.Equal(t, 2, q.Len(), "an item in a view still counts")
+	assert.Equal(t, 2, q.Snapshot().Len, "an item in a view still counts")
 	q.Taken()
-	assert.Equal(t, 1, q.Len())
+	assert.Equal(t, 1, q.Snapshot().Len)
 	view, ok, _ = q.TakeWait(nil, 2)
 	require.True(t, ok)
 	assert.Equal(t, []string{"b"}, view)
 	q.TakenN(0) // no-op
 	q.TakenN(-1)
-	assert.Equal(t, 1, q.Len())
+	assert.Equal(t, 1, q.Snapshot().Len)
 }
 
 func TestCloseDrains(t *testing.T) {
@@ -197,7 +197,7 @@ func TestViewAcrossWrap(t *testing.T) {
 	}
 	view := takeView(t, q, 6)
 	assert.Equal(t, []int{5, 6, 7}, view, "the view stops at the ring's end")
-	assert.Equal(t, 8, q.Len(), "items in a view stay queued")
+	assert.Equal(t, 8, q.Snapshot().Len, "items in a view stay queued")
 	q.TakenN(3)
 	assert.Equal(t, []int{8, 9, 10, 11}, takeView(t, q, 4))
 	q.TakenN(1)
@@ -207,7 +207,7 @@ func TestViewAcrossWrap(t *testing.T) {
 	assert.Equal(t, 4, st.Len)
 	assert.Equal(t, uint64(13), st.Pushed, "every push counts, taken or not")
 	q.TakenN(4)
-	assert.Equal(t, 0, q.Len())
+	assert.Equal(t, 0, q.Snapshot().Len)
 }
 
 func takeView[T any](t *testing.T, q *Queue[T], max int) []T {
@@ -233,7 +233,7 @@ func TestViewSurvivesGrowth(t *testing.T) {
 		assert.Equal(t, i, v)
 	}
 	q.TakenN(minAlloc)
-	assert.Equal(t, 200-minAlloc, q.Len())
+	assert.Equal(t, 200-minAlloc, q.Snapshot().Len)
 	v, ok := q.Pop()
 	assert.True(t, ok)
 	assert.Equal(t, minAlloc, v, "order kept across growth")
@@ -256,7 +256,7 @@ func TestTakeWait(t *testing.T) {
 		assert.Equal(t, []int{1, 2}, view, "at most max")
 
 		q.Taken()
-		assert.Equal(t, 2, q.Len(), "a taken item leaves the count at once")
+		assert.Equal(t, 2, q.Snapshot().Len, "a taken item leaves the count at once")
 		st := q.Snapshot()
 		assert.Equal(t, 2, st.Head, "Head skips taken items")
 		assert.Equal(t, 2, st.Len)
@@ -279,7 +279,7 @@ func TestTakeWait(t *testing.T) {
 		_, ok, _ = q.TakeWait(nil, 8)
 		assert.False(t, ok, "closed and empty")
 		assert.Equal(t, 2*time.Second, time.Since(start))
-		assert.Equal(t, 0, q.Len())
+		assert.Equal(t, 0, q.Snapshot().Len)
 
 		stop := make(chan struct{})
 		close(stop)
@@ -308,7 +308,7 @@ func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 		require.Equal(t, []int{2}, view)
 		q.Taken() // a producer waits: settles at once
 		assert.NoError(t, <-done, "room while the consumer works on the item it took")
-		assert.Equal(t, 1, q.Len())
+		assert.Equal(t, 1, q.Snapshot().Len)
 		view, ok, _ = q.TakeWait(nil, 1)
 		require.True(t, ok)
 		assert.Equal(t, []int{3}, view)
