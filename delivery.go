@@ -58,7 +58,7 @@ type step struct {
 // says. ctx is cancelled, with errShutdown or errUnsubscribed as its cause,
 // when the subscription must stop at once; then the message is
 // dead-lettered with that reason instead of being retried.
-func (p *pipeline) deliver(ctx context.Context, env *envelope, clk *dedupClock) {
+func (p *pipeline) deliver(ctx context.Context, env *envelope) {
 	msg := &env.msg
 	if p.guard != nil {
 		p.guard.acquire(msg.ID)
@@ -66,7 +66,7 @@ func (p *pipeline) deliver(ctx context.Context, env *envelope, clk *dedupClock) 
 	}
 	var d dedupRef
 	if p.dedup != nil {
-		d = p.dedupKey(env, clk)
+		d = p.dedupKey(env)
 	}
 	if p.dedup != nil && !env.redriven() && p.seen(&d) {
 		p.rec.deduplicated(msg)
@@ -89,7 +89,7 @@ func (p *pipeline) deliver(ctx context.Context, env *envelope, clk *dedupClock) 
 		err, timedOut, took := p.attempt(ctx, msg)
 		if err == nil {
 			if p.dedup != nil {
-				p.record(&d, clk)
+				p.record(&d)
 			}
 			p.rec.delivered(msg, took)
 			return
@@ -120,7 +120,10 @@ type dedupRef struct {
 	slot slot
 }
 
-func (p *pipeline) dedupKey(env *envelope, clk *dedupClock) dedupRef {
+// dedupKey names env for the idempotency store. The default store dates it
+// by its PublishedAt (the window is in publish time), and a redriven dead
+// letter by a clock read: it is remembered from its redelivery.
+func (p *pipeline) dedupKey(env *envelope) dedupRef {
 	if p.mem == nil {
 		return dedupRef{key: DeliveryKey{Topic: p.rec.topic, Subscriber: p.rec.subscriber, MessageID: env.msg.ID}}
 	}
@@ -128,42 +131,13 @@ func (p *pipeline) dedupKey(env *envelope, clk *dedupClock) dedupRef {
 	if h == (idHash{}) {
 		h = p.mem.hashID(env.msg.ID)
 	}
-	sl := p.mem.slotFor(p.salt, h, clk.take())
-	return dedupRef{slot: sl}
-}
-
-// dedupClock lets a worker read the clock once per delivery instead of
-// twice: the time a delivery was recorded serves as "now" for the lookup of
-// the next message, when that message was already waiting (no idle time in
-// between). Anything else — a wait for work, a delivery that ended without
-// a record (deduplicated, dead-lettered, possibly after long backoffs) —
-// makes the next lookup read the clock. A nil *dedupClock always reads it.
-type dedupClock struct {
-	now int64 // ns since the store's epoch
-	ok  bool
-}
-
-// take returns the saved time, or -1 to read the clock; either way the
-// saved time is used up.
-func (c *dedupClock) take() int64 {
-	if c == nil || !c.ok {
-		return -1
+	var now int64
+	if env.redriven() {
+		now = p.mem.now()
+	} else {
+		now = p.mem.since(env.msg.PublishedAt)
 	}
-	c.ok = false
-	return c.now
-}
-
-func (c *dedupClock) set(now int64) {
-	if c != nil {
-		c.now, c.ok = now, true
-	}
-}
-
-// reset forgets the saved time (the worker waited for work).
-func (c *dedupClock) reset() {
-	if c != nil {
-		c.ok = false
-	}
+	return dedupRef{slot: p.mem.slotFor(p.salt, h, now)}
 }
 
 // seen asks the idempotency store whether d was delivered. A store error
@@ -181,9 +155,9 @@ func (p *pipeline) seen(d *dedupRef) bool {
 }
 
 // record tells the idempotency store that d was delivered.
-func (p *pipeline) record(d *dedupRef, clk *dedupClock) {
+func (p *pipeline) record(d *dedupRef) {
 	if p.mem != nil {
-		clk.set(p.mem.record(d.slot))
+		p.mem.record(d.slot)
 		return
 	}
 	if err := p.dedup.Record(context.Background(), d.key); err != nil {

@@ -15,9 +15,10 @@
 // delivery_semantics = at_least_once. A message is handed to a subscriber
 // again after a failed attempt, and a handler may be cut off (timeout,
 // shutdown) after it caused its side effect, so handlers must be idempotent.
-// The broker helps: a message ID already delivered to a subscriber within
-// the dedup window is not handed to it again, and two deliveries of one ID
-// to one subscriber never run at the same time.
+// The broker helps: a message whose ID was already delivered to a subscriber
+// is not handed to it again when the two were published within the dedup
+// window of each other (see MemoryIdempotencyStore), and two deliveries of
+// one ID to one subscriber never run at the same time.
 //
 // # Pipeline
 //

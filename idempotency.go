@@ -40,10 +40,18 @@ type IdempotencyStore interface {
 }
 
 // MemoryIdempotencyStore is the default IdempotencyStore: an in-memory
-// window bounded both in time (an entry is remembered for window after it
-// was recorded) and in entries (a fixed table allocated once). It is safe for
-// concurrent use and takes no lock: entries are read and written with
-// atomic operations.
+// window bounded both in time and in entries (a fixed table allocated
+// once). It is safe for concurrent use and takes no lock: entries are read
+// and written with atomic operations.
+//
+// The window is measured in publish time when the broker uses the store, as
+// SQS FIFO queues and the JetStream duplicate window do: a message is a
+// duplicate at a subscriber when a message with its ID, published less than
+// window before or after it, was delivered there first. A backlog or a long
+// retry does not change which messages count as duplicates, and the worker
+// reads no clock for it: both times come from the messages' PublishedAt. A
+// redriven dead letter is remembered from its redelivery. Through Seen and
+// Record, which know no message, the window runs from the Record call.
 //
 // The table is set-associative with two choices: a key's hash picks two
 // buckets of four entries (one cache line each); a lookup checks both, and a
@@ -69,11 +77,11 @@ var _ IdempotencyStore = (*MemoryIdempotencyStore)(nil)
 const dedupWays = 4
 
 // dedupBucket holds up to dedupWays entries; a zero tag is an empty slot.
-// A record writes expires before tag, so a reader that sees a tag sees an
-// expiry at least as new as the one written with it.
+// A record writes at before tag, so a reader that sees a tag sees a date at
+// least as new as the one written with it.
 type dedupBucket [dedupWays]struct {
-	tag     atomic.Uint64 // second hash of the key, never 0
-	expires atomic.Int64  // ns since the store's epoch
+	tag atomic.Uint64 // second hash of the key, never 0
+	at  atomic.Int64  // the entry's date: ns since the store's epoch
 }
 
 // NewMemoryIdempotencyStore returns a store remembering delivered IDs for
@@ -95,7 +103,8 @@ func NewMemoryIdempotencyStore(window time.Duration, maxEntries int) *MemoryIdem
 }
 
 // slot is where a key may live — two distinct buckets, and its tag — and
-// the time it was looked up.
+// the time that dates it: its message's publication, or a Seen or Record
+// call.
 type slot struct {
 	i, j int
 	tag  uint64
@@ -122,18 +131,10 @@ func (s *MemoryIdempotencyStore) hashID(id string) idHash {
 	return idHash{a: maphash.String(s.seedA, id), b: maphash.String(s.seedB, id)}
 }
 
-func (s *MemoryIdempotencyStore) slotOf(salt dedupSalt, id string) slot {
-	return s.slotFor(salt, s.hashID(id), -1)
-}
-
-// slotFor places a hashed ID of the subscriber with the given salt, looked
-// up at now (ns since the epoch; negative: read the clock). Bucket indexes
-// come from multiplying 32-bit halves of the hash by the range (no
-// division).
+// slotFor places a hashed ID of the subscriber with the given salt, dated
+// now (ns since the epoch, from since or now). Bucket indexes come from
+// multiplying 32-bit halves of the hash by the range (no division).
 func (s *MemoryIdempotencyStore) slotFor(salt dedupSalt, h idHash, now int64) slot {
-	if now < 0 {
-		now = s.now()
-	}
 	a := h.a ^ salt.a
 	n := uint64(len(s.buckets))
 	i := (a >> 32) * n >> 32
@@ -153,21 +154,27 @@ func (s *MemoryIdempotencyStore) prefetch(salt dedupSalt, h idHash) {
 	prefetch.Line(unsafe.Pointer(&s.buckets[sl.j]))
 }
 
+// locate places k, dated by a clock read.
 func (s *MemoryIdempotencyStore) locate(k *DeliveryKey) slot {
-	return s.slotOf(s.salt(k.Topic, k.Subscriber), k.MessageID)
+	return s.slotFor(s.salt(k.Topic, k.Subscriber), s.hashID(k.MessageID), s.now())
 }
 
 // now is the time since the store's epoch, from the monotonic clock.
 func (s *MemoryIdempotencyStore) now() int64 { return int64(time.Since(s.epoch)) }
 
-// Seen reports whether k was recorded within the window.
+// since is t as ns since the store's epoch, reading no clock: from t's
+// monotonic reading, which PublishedAt carries, else from its wall clock.
+// A time before the epoch counts as the epoch.
+func (s *MemoryIdempotencyStore) since(t time.Time) int64 { return max(int64(t.Sub(s.epoch)), 0) }
+
+// Seen reports whether k was recorded less than the window ago.
 func (s *MemoryIdempotencyStore) Seen(_ context.Context, k DeliveryKey) (bool, error) {
 	return s.seen(s.locate(&k)), nil
 }
 
-// Record remembers k for the window.
+// Record remembers k for the window, from now.
 func (s *MemoryIdempotencyStore) Record(_ context.Context, k DeliveryKey) error {
-	_ = s.record(s.locate(&k))
+	s.record(s.locate(&k))
 	return nil
 }
 
@@ -175,42 +182,46 @@ func (s *MemoryIdempotencyStore) seen(sl slot) bool {
 	for _, b := range [2]*dedupBucket{&s.buckets[sl.i], &s.buckets[sl.j]} {
 		for x := range b {
 			if b[x].tag.Load() == sl.tag {
-				return sl.now < b[x].expires.Load()
+				return s.within(sl.now, b[x].at.Load())
 			}
 		}
 	}
 	return false
 }
 
-// record puts the key of sl in place of its own entry if it has one, else
-// in a free (empty or expired) slot of the emptier of its two buckets, else
-// in place of the entry of the two that expires first.
-// It returns the time it recorded.
-func (s *MemoryIdempotencyStore) record(sl slot) int64 {
-	sl.now = s.now() // the window starts when the delivery ended
-	expires := int64(math.MaxInt64)
-	if w := int64(s.window); sl.now < math.MaxInt64-w {
-		expires = sl.now + w
-	}
+// within reports whether two dates are less than the window apart.
+func (s *MemoryIdempotencyStore) within(now, at int64) bool {
+	d := now - at // both are at least 0: no overflow
+	return d < int64(s.window) && -d < int64(s.window)
+}
+
+// record remembers the key of sl, dated sl.now: in its own entry if it has
+// one (which keeps the later date), else in a free (empty, or more than the
+// window older than sl) slot of the emptier of its two buckets, else in
+// place of the oldest entry of the two.
+func (s *MemoryIdempotencyStore) record(sl slot) {
 	bs := [2]*dedupBucket{&s.buckets[sl.i], &s.buckets[sl.j]}
 	var free, firstFree [2]int
 	victim, oldest := &bs[0][0], int64(math.MaxInt64)
 	for n, b := range bs {
 		for x := range b {
 			e := &b[x]
-			if e.tag.Load() == sl.tag {
-				e.expires.Store(expires)
-				return sl.now
+			tag := e.tag.Load()
+			if tag == sl.tag {
+				if at := e.at.Load(); sl.now > at {
+					e.at.Store(sl.now)
+				}
+				return
 			}
-			exp := e.expires.Load()
-			if exp <= sl.now { // empty (0) or expired
+			at := e.at.Load()
+			if tag == 0 || sl.now-at >= int64(s.window) {
 				if free[n] == 0 {
 					firstFree[n] = x
 				}
 				free[n]++
 			}
-			if exp < oldest {
-				victim, oldest = e, exp
+			if at < oldest {
+				victim, oldest = e, at
 			}
 		}
 	}
@@ -220,9 +231,8 @@ func (s *MemoryIdempotencyStore) record(sl slot) int64 {
 	case free[1] > 0:
 		victim = &bs[1][firstFree[1]]
 	}
-	victim.expires.Store(expires)
+	victim.at.Store(sl.now)
 	victim.tag.Store(sl.tag)
-	return sl.now
 }
 
 // Len returns how many delivered IDs are remembered and not expired.
@@ -231,7 +241,7 @@ func (s *MemoryIdempotencyStore) Len() int {
 	for i := range s.buckets {
 		for x := range s.buckets[i] {
 			e := &s.buckets[i][x]
-			if e.tag.Load() != 0 && now < e.expires.Load() {
+			if e.tag.Load() != 0 && s.within(now, e.at.Load()) {
 				n++
 			}
 		}

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -135,27 +136,147 @@ func TestMemoryIdempotencyStoreFastPathAgrees(t *testing.T) {
 	})
 }
 
-// A worker reuses a delivery's record time for the next lookup only when no
-// time can have passed in between: here a message that waits out a long
-// backoff (and ends without a record) sits between a delivery and its
-// duplicate, and the duplicate, past the window, runs again.
-func TestDedupWindowAfterALongBackoff(t *testing.T) {
+// The window is in publish time: whether a message is a duplicate depends
+// on when it and the delivered copy were published, not on how long either
+// waited in a queue or for a retry.
+func TestDedupWindowIsInPublishTime(t *testing.T) {
+	t.Run("a copy published within the window is a duplicate, delivered after it", func(t *testing.T) {
+		bubble(t, func(t *testing.T) {
+			b, _, got := windowBroker(t, 1, func(m Message) error {
+				if m.ID == "x" {
+					return errBoom // waits out a 2 min backoff, holding the lane
+				}
+				return nil
+			})
+			time.Sleep(time.Second) // the store's clock is not at its epoch
+			publishIDs(t, b, "m", "x")
+			time.Sleep(59 * time.Second)
+			publishIDs(t, b, "m") // runs 2 min later, past the first m's window
+			settle(t, b)
+			assert.Equal(t, []string{"m", "x", "x"}, got.ids())
+			assert.Equal(t, uint64(1), subStats(t, b, "t", "s").Deduplicated)
+		})
+	})
+	t.Run("a copy published after the window is not, while the subscriber is behind", func(t *testing.T) {
+		bubble(t, func(t *testing.T) {
+			b, _, got := windowBroker(t, 1, func(m Message) error {
+				if m.ID == "x" {
+					return errBoom
+				}
+				return nil
+			})
+			publishIDs(t, b, "m", "x")
+			time.Sleep(61 * time.Second)
+			publishIDs(t, b, "m")
+			settle(t, b)
+			assert.Equal(t, []string{"m", "x", "x", "m"}, got.ids())
+		})
+	})
+	t.Run("an earlier copy delivered after a later one, more than the window apart", func(t *testing.T) {
+		bubble(t, func(t *testing.T) {
+			release := make(chan struct{})
+			b, sub, got := windowBroker(t, 2, func(m Message) error {
+				if m.ID == "blocker" {
+					<-release
+				}
+				return nil
+			})
+			k1, k2 := keysOnTwoLanes(t, sub)
+			require.NoError(t, b.Publish(context.Background(), Message{ID: "blocker", Topic: "t", Key: k1}))
+			require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t", Key: k1})) // behind blocker
+			time.Sleep(2 * time.Minute)
+			require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t", Key: k2})) // delivered first
+			idle()
+			close(release)
+			settle(t, b)
+			assert.Equal(t, []string{"blocker", "m", "m"}, got.ids(), "both copies run")
+		})
+	})
+}
+
+// windowBroker returns a broker with a one-minute dedup window, no retry
+// backoff but 2 min, and subscriber "s" of topic "t" with the given
+// concurrency, recording its calls and returning ret's error.
+func windowBroker(t *testing.T, concurrency int, ret func(Message) error) (*Broker, *Subscription, *calls) {
+	b := newTestBroker(t, WithIdempotencyStore(NewMemoryIdempotencyStore(time.Minute, 100)),
+		WithRetryPolicy(RetryPolicy{MaxRetries: 1, Backoff: ConstantBackoff(2 * time.Minute)}))
+	got := &calls{}
+	sub, err := b.Subscribe("t", "s", recording(got, ret), Concurrency(concurrency))
+	require.NoError(t, err)
+	return b, sub, got
+}
+
+// keysOnTwoLanes returns two ordering keys that sub's workers 0 and 1 own.
+func keysOnTwoLanes(t *testing.T, sub *Subscription) (string, string) {
+	keys := [2]string{}
+	for i := 0; keys[0] == "" || keys[1] == ""; i++ {
+		require.Less(t, i, 1000)
+		k := fmt.Sprint("k", i)
+		if l := sub.lane(&Message{Key: k}); l == sub.lanes[0] {
+			keys[0] = k
+		} else if l == sub.lanes[1] {
+			keys[1] = k
+		}
+	}
+	return keys[0], keys[1]
+}
+
+func publishIDs(t *testing.T, b *Broker, ids ...string) {
+	for _, id := range ids {
+		require.NoError(t, b.Publish(context.Background(), Message{ID: id, Topic: "t"}))
+	}
+}
+
+// A redriven dead letter is remembered from its redelivery, not from its
+// publication long before.
+func TestRedrivenDeadLetterIsRememberedFromItsRedelivery(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		b := newTestBroker(t, WithIdempotencyStore(NewMemoryIdempotencyStore(time.Minute, 100)),
-			WithRetryPolicy(RetryPolicy{MaxRetries: 1, Backoff: ConstantBackoff(2 * time.Minute)}))
-		var got calls
-		_, err := b.Subscribe("t", "s", recording(&got, func(m Message) error {
-			if m.ID == "x" {
-				return errBoom
+		var fail atomic.Bool
+		fail.Store(true)
+		b, _, got := windowBroker(t, 1, func(Message) error {
+			if fail.Load() {
+				return Permanent(errBoom)
 			}
 			return nil
-		}))
+		})
+		publishIDs(t, b, "m")
+		idle()
+		dls := deadLetters(t, b)
+		require.Len(t, dls, 1)
+		time.Sleep(10 * time.Minute)
+		fail.Store(false)
+		n, err := b.Redrive(context.Background(), dls[0].ID)
 		require.NoError(t, err)
-		time.Sleep(time.Second) // the store's clock is not at its epoch
-		for _, id := range []string{"m", "x", "m"} {
-			require.NoError(t, b.Publish(context.Background(), Message{ID: id, Topic: "t"}))
-		}
+		require.Equal(t, 1, n)
+		idle()
+		time.Sleep(59 * time.Second)
+		publishIDs(t, b, "m")
 		settle(t, b)
-		assert.Equal(t, []string{"m", "x", "x", "m"}, got.ids(), "the duplicate came after the window")
+		assert.Equal(t, []string{"m", "m"}, got.ids(), "the copy published after the redelivery is a duplicate")
 	})
+}
+
+// The store compares dates both ways: an entry matches lookups dated less
+// than the window before or after it.
+func TestMemoryIdempotencyStoreDates(t *testing.T) {
+	const w = int64(time.Minute)
+	s := NewMemoryIdempotencyStore(time.Minute, 100)
+	salt := s.salt("t", "s")
+	h := s.hashID("m")
+	const at = 10 * w
+	s.record(s.slotFor(salt, h, at))
+	tests := []struct {
+		now  int64
+		want bool
+	}{
+		{at, true}, {at + w - 1, true}, {at + w, false}, {at - w + 1, true}, {at - w, false}, {0, false},
+	}
+	for _, tt := range tests {
+		assert.Equal(t, tt.want, s.seen(s.slotFor(salt, h, tt.now)), "looked up at %v", time.Duration(tt.now-at))
+	}
+	s.record(s.slotFor(salt, h, at-w/2)) // an older date does not move the entry back
+	assert.True(t, s.seen(s.slotFor(salt, h, at+w-1)))
+	s.record(s.slotFor(salt, h, at+w/2))
+	assert.True(t, s.seen(s.slotFor(salt, h, at+w)), "a newer date does")
+	assert.False(t, s.seen(s.slotFor(salt, h, at-w/2)))
 }

@@ -242,8 +242,8 @@ func TestHugeDedupWindow(t *testing.T) {
 	})
 }
 
-// The window counts from the end of the delivery: one that takes longer than
-// the window is still remembered.
+// The window is in publish time: a copy published with a message whose
+// delivery takes longer than the window is still a duplicate.
 func TestSlowDeliveryIsRemembered(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		b := newTestBroker(t, WithIdempotencyStore(NewMemoryIdempotencyStore(time.Second, 100)))

@@ -141,16 +141,12 @@ func (s *Subscription) work(lane *queue.Queue[envelope]) {
 		}
 	}()
 	stop := s.ctx.Done()
-	var clk dedupClock
 	for {
 		// Up to a batch of messages under one lock, delivered from the lane
 		// in place; each leaves the lane's count as its delivery starts.
-		view, ok, waited := lane.TakeWait(stop, workBatch)
+		view, ok, _ := lane.TakeWait(stop, workBatch)
 		if !ok {
 			break
-		}
-		if waited {
-			clk.reset()
 		}
 		for i := range view {
 			if i+prefetchAhead < len(view) {
@@ -158,7 +154,7 @@ func (s *Subscription) work(lane *queue.Queue[envelope]) {
 			}
 			env := view[i] // the pipeline writes Attempt: a copy of its own
 			lane.Taken()   // out of the lane's count, in flight (in its hands)
-			s.pipe.deliver(s.ctx, &env, &clk)
+			s.pipe.deliver(s.ctx, &env)
 			lane.Done() // no longer in flight
 		}
 	}
@@ -172,7 +168,7 @@ func (s *Subscription) work(lane *queue.Queue[envelope]) {
 			return
 		}
 		s.c.inFlight.Add(1)
-		s.pipe.deliver(s.ctx, &env, nil) // ctx is done: dead-letters at once
+		s.pipe.deliver(s.ctx, &env) // ctx is done: dead-letters at once
 		s.c.inFlight.Add(-1)
 	}
 }
@@ -206,7 +202,7 @@ func (s *Subscription) route(env *envelope, cancel <-chan struct{}, deadline <-c
 		// subscriber's, so it ends as a dead letter rather than vanishing.
 		own := *env // env may be in the topic queue, which deliver must not write
 		s.c.inFlight.Add(1)
-		s.pipe.deliver(s.ctx, &own, nil)
+		s.pipe.deliver(s.ctx, &own)
 		s.c.inFlight.Add(-1)
 		return nil
 	}
