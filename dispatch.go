@@ -43,7 +43,7 @@ func (t *topic) dispatch() {
 	defer t.b.wg.Done()
 	var r batchRoute
 	for {
-		envs, ok, _ := t.q.TakeWait(nil, dispatchBatch)
+		envs, ok := t.q.TakeWait(nil, dispatchBatch)
 		if !ok {
 			break
 		}

@@ -144,7 +144,7 @@ func (s *Subscription) work(lane *queue.Queue[envelope]) {
 	for {
 		// Up to a batch of messages under one lock, delivered from the lane
 		// in place; each leaves the lane's count as its delivery starts.
-		view, ok, _ := lane.TakeWait(stop, workBatch)
+		view, ok := lane.TakeWait(stop, workBatch)
 		if !ok {
 			break
 		}

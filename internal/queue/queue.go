@@ -216,8 +216,8 @@ func (q *Queue[T]) wake() {
 
 // awaitLocked waits until the queue holds an item and returns true with
 // q.mu held, or returns false (lock released) when the queue is closed and
-// empty or stop is closed. It sets *waited if it had to wait.
-func (q *Queue[T]) awaitLocked(stop <-chan struct{}, waited *bool) bool {
+// empty or stop is closed.
+func (q *Queue[T]) awaitLocked(stop <-chan struct{}) bool {
 	for {
 		q.mu.Lock()
 		q.settleLocked()
@@ -230,7 +230,6 @@ func (q *Queue[T]) awaitLocked(stop <-chan struct{}, waited *bool) bool {
 		}
 		q.sleeping = true
 		q.mu.Unlock()
-		*waited = true
 		select {
 		case <-q.ready:
 		case <-stop:
@@ -243,20 +242,20 @@ func (q *Queue[T]) awaitLocked(stop <-chan struct{}, waited *bool) bool {
 }
 
 // TakeWait waits for an item, then returns a view of up to max of the
-// oldest items (fewer when the ring wraps), in order, without removing them;
-// waited reports that it had to wait. The consumer reads each item and then
+// oldest items (fewer when the ring wraps), in order, without removing them.
+// The consumer reads each item and then
 // calls Taken, in order: from then on a Snapshot no longer counts it, and
 // it leaves the ring at the next lock (the consumer's next call, or a
 // producer's that finds the ring full). The consumer must only read the
 // view, and no item after its Taken. ok is false when the queue is closed
 // and empty or stop is closed.
-func (q *Queue[T]) TakeWait(stop <-chan struct{}, max int) (view []T, ok, waited bool) {
-	if !q.awaitLocked(stop, &waited) {
-		return nil, false, waited
+func (q *Queue[T]) TakeWait(stop <-chan struct{}, max int) (view []T, ok bool) {
+	if !q.awaitLocked(stop) {
+		return nil, false
 	}
 	view = q.viewLocked(max)
 	q.mu.Unlock()
-	return view, true, waited
+	return view, true
 }
 
 // Taken marks the oldest item not yet taken as taken (see TakeWait), once

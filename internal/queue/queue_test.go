@@ -65,13 +65,13 @@ func TestViewKeepsItemsQueuedUntilTaken(t *testing.T) {
 	q := New[string](2)
 	require.NoError(t, q.TryPush("a"))
 	require.NoError(t, q.TryPush("b"))
-	view, ok, _ := q.TakeWait(nil, 1)
+	view, ok := q.TakeWait(nil, 1)
 	require.True(t, ok)
 	assert.Equal(t, []string{"a"}, view, "at most max")
 	assert.Equal(t, 2, q.Snapshot().Len, "an item in a view still counts")
 	q.Taken()
 	assert.Equal(t, 1, q.Snapshot().Len)
-	view, ok, _ = q.TakeWait(nil, 2)
+	view, ok = q.TakeWait(nil, 2)
 	require.True(t, ok)
 	assert.Equal(t, []string{"b"}, view)
 	q.TakenN(0) // no-op
@@ -86,11 +86,11 @@ func TestCloseDrains(t *testing.T) {
 	q.Close() // idempotent
 	assert.ErrorIs(t, q.TryPush(2), ErrClosed)
 	assert.ErrorIs(t, q.PushWait(2, nil, nil, nil), ErrClosed)
-	view, ok, _ := q.TakeWait(nil, 4)
+	view, ok := q.TakeWait(nil, 4)
 	require.True(t, ok, "queued items outlive Close")
 	assert.Equal(t, []int{1}, view)
 	q.Taken()
-	_, ok, _ = q.TakeWait(nil, 4)
+	_, ok = q.TakeWait(nil, 4)
 	assert.False(t, ok, "closed and empty")
 }
 
@@ -151,7 +151,7 @@ func TestManyProducersOneConsumer(t *testing.T) {
 			last[i] = -1
 		}
 		for got := 0; got < producers*each; {
-			view, ok, _ := q.TakeWait(nil, 5)
+			view, ok := q.TakeWait(nil, 5)
 			require.True(t, ok)
 			for _, v := range view { // producers wait for room meanwhile
 				require.Equal(t, last[v[0]]+1, v[1], "per-producer order")
@@ -161,7 +161,7 @@ func TestManyProducersOneConsumer(t *testing.T) {
 			}
 		}
 		q.Close()
-		_, ok, _ := q.TakeWait(nil, 5)
+		_, ok := q.TakeWait(nil, 5)
 		assert.False(t, ok)
 	})
 }
@@ -174,11 +174,10 @@ func TestTakeWaitStops(t *testing.T) {
 			time.Sleep(time.Second)
 			close(stop)
 		}()
-		_, ok, waited := q.TakeWait(stop, 1)
+		_, ok := q.TakeWait(stop, 1)
 		assert.False(t, ok)
-		assert.True(t, waited)
 		require.NoError(t, q.TryPush(1))
-		view, ok, _ := q.TakeWait(stop, 1)
+		view, ok := q.TakeWait(stop, 1)
 		assert.True(t, ok, "an item is reported even when stopped")
 		assert.Equal(t, []int{1}, view)
 	})
@@ -212,7 +211,7 @@ func TestViewAcrossWrap(t *testing.T) {
 
 func takeView[T any](t *testing.T, q *Queue[T], max int) []T {
 	t.Helper()
-	view, ok, _ := q.TakeWait(nil, max)
+	view, ok := q.TakeWait(nil, max)
 	require.True(t, ok)
 	return view
 }
@@ -249,9 +248,8 @@ func TestTakeWait(t *testing.T) {
 			q.Close()
 		}()
 		start := time.Now()
-		view, ok, waited := q.TakeWait(nil, 2)
+		view, ok := q.TakeWait(nil, 2)
 		require.True(t, ok)
-		assert.True(t, waited)
 		assert.Equal(t, time.Second, time.Since(start))
 		assert.Equal(t, []int{1, 2}, view, "at most max")
 
@@ -265,25 +263,24 @@ func TestTakeWait(t *testing.T) {
 		require.NoError(t, q.TryPush(5), "a taken item's slot is free for a producer")
 		assert.ErrorIs(t, q.TryPush(6), ErrFull)
 
-		view, ok, waited = q.TakeWait(nil, 8)
+		view, ok = q.TakeWait(nil, 8)
 		require.True(t, ok)
-		assert.False(t, waited, "items were there")
 		assert.Equal(t, []int{2, 3, 4}, view, "the view stops at the ring's end")
 		for range view {
 			q.Taken()
 		}
-		view, ok, _ = q.TakeWait(nil, 8)
+		view, ok = q.TakeWait(nil, 8)
 		require.True(t, ok)
 		assert.Equal(t, []int{5}, view)
 		q.Taken()
-		_, ok, _ = q.TakeWait(nil, 8)
+		_, ok = q.TakeWait(nil, 8)
 		assert.False(t, ok, "closed and empty")
 		assert.Equal(t, 2*time.Second, time.Since(start))
 		assert.Equal(t, 0, q.Snapshot().Len)
 
 		stop := make(chan struct{})
 		close(stop)
-		_, ok, _ = New[int](1).TakeWait(stop, 1)
+		_, ok = New[int](1).TakeWait(stop, 1)
 		assert.False(t, ok, "stopped")
 	})
 }
@@ -294,7 +291,7 @@ func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		q := New[int](1)
 		require.NoError(t, q.TryPush(1))
-		view, ok, _ := q.TakeWait(nil, 1)
+		view, ok := q.TakeWait(nil, 1)
 		require.True(t, ok)
 		require.Equal(t, []int{1}, view)
 		assert.ErrorIs(t, q.TryPush(2), ErrFull, "not taken yet")
@@ -303,13 +300,13 @@ func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 		done := make(chan error)
 		go func() { done <- q.PushWait(3, nil, nil, nil) }()
 		synctest.Wait()
-		view, ok, _ = q.TakeWait(nil, 1)
+		view, ok = q.TakeWait(nil, 1)
 		require.True(t, ok)
 		require.Equal(t, []int{2}, view)
 		q.Taken() // a producer waits: settles at once
 		assert.NoError(t, <-done, "room while the consumer works on the item it took")
 		assert.Equal(t, 1, q.Snapshot().Len)
-		view, ok, _ = q.TakeWait(nil, 1)
+		view, ok = q.TakeWait(nil, 1)
 		require.True(t, ok)
 		assert.Equal(t, []int{3}, view)
 	})
