@@ -55,10 +55,11 @@ type IdempotencyStore interface {
 //
 // The table is set-associative with two choices: a key's hash picks two
 // buckets of four entries (one cache line each); a lookup checks both, and a
-// new entry takes an empty or expired slot of the emptier bucket, or else
-// replaces the oldest of the eight. So a lookup touches two cache lines and
-// allocates nothing, and the bound is exact. The price: an entry can be
-// forgotten before its window ends when the table is nearly full, or when
+// new entry takes an empty slot of the emptier bucket, or else replaces the
+// oldest of the eight. So a lookup touches two cache lines and allocates
+// nothing, and the bound is exact. The price: an entry can be forgotten
+// before its window ends when the table is nearly full (the entries of a
+// subscriber that is behind by more than the window go first), or when
 // two records race for one slot — a duplicate then gets through, which
 // at-least-once allows — while a message is never taken for a duplicate it
 // is not — unless its 63-bit tag matches one of the eight entries a lookup
@@ -66,7 +67,7 @@ type IdempotencyStore interface {
 // hashed with per-store random seeds).
 type MemoryIdempotencyStore struct {
 	window       time.Duration
-	epoch        time.Time // monotonic base for expiry times
+	epoch        time.Time // monotonic base for dates
 	seedA, seedB maphash.Seed
 	buckets      []dedupBucket
 }
@@ -81,7 +82,7 @@ const dedupWays = 4
 // least as new as the one written with it.
 type dedupBucket [dedupWays]struct {
 	tag atomic.Uint64 // second hash of the key, never 0
-	at  atomic.Int64  // the entry's date: ns since the store's epoch
+	at  atomic.Int64  // the entry's date (see since); 0 in an empty slot
 }
 
 // NewMemoryIdempotencyStore returns a store remembering delivered IDs for
@@ -96,7 +97,7 @@ func NewMemoryIdempotencyStore(window time.Duration, maxEntries int) *MemoryIdem
 		maxEntries = DefaultDedupEntries
 	}
 	return &MemoryIdempotencyStore{
-		window: window, epoch: time.Now(),
+		window: window, epoch: time.Now().Add(-1), // a date is at least 1
 		seedA: maphash.MakeSeed(), seedB: maphash.MakeSeed(),
 		buckets: make([]dedupBucket, max((maxEntries+dedupWays-1)/dedupWays, 2)),
 	}
@@ -159,13 +160,14 @@ func (s *MemoryIdempotencyStore) locate(k *DeliveryKey) slot {
 	return s.slotFor(s.salt(k.Topic, k.Subscriber), s.hashID(k.MessageID), s.now())
 }
 
-// now is the time since the store's epoch, from the monotonic clock.
+// now is the time since the store's epoch, from the monotonic clock, as a
+// date (see since).
 func (s *MemoryIdempotencyStore) now() int64 { return int64(time.Since(s.epoch)) }
 
-// since is t as ns since the store's epoch, reading no clock: from t's
-// monotonic reading, which PublishedAt carries, else from its wall clock.
-// A time before the epoch counts as the epoch.
-func (s *MemoryIdempotencyStore) since(t time.Time) int64 { return max(int64(t.Sub(s.epoch)), 0) }
+// since is t as a date: ns since the store's epoch, at least 1 (0 marks an
+// empty slot). It reads no clock: it uses t's monotonic reading, which
+// PublishedAt carries, else its wall clock.
+func (s *MemoryIdempotencyStore) since(t time.Time) int64 { return max(int64(t.Sub(s.epoch)), 1) }
 
 // Seen reports whether k was recorded less than the window ago.
 func (s *MemoryIdempotencyStore) Seen(_ context.Context, k DeliveryKey) (bool, error) {
@@ -179,14 +181,21 @@ func (s *MemoryIdempotencyStore) Record(_ context.Context, k DeliveryKey) error 
 }
 
 func (s *MemoryIdempotencyStore) seen(sl slot) bool {
-	for _, b := range [2]*dedupBucket{&s.buckets[sl.i], &s.buckets[sl.j]} {
-		for x := range b {
-			if b[x].tag.Load() == sl.tag {
-				return s.within(sl.now, b[x].at.Load())
-			}
+	at, ok := s.buckets[sl.i].find(sl.tag)
+	if !ok {
+		at, ok = s.buckets[sl.j].find(sl.tag)
+	}
+	return ok && s.within(sl.now, at)
+}
+
+// find returns the date of the entry with tag, if b has one.
+func (b *dedupBucket) find(tag uint64) (at int64, ok bool) {
+	for x := range b {
+		if b[x].tag.Load() == tag {
+			return b[x].at.Load(), true
 		}
 	}
-	return false
+	return 0, false
 }
 
 // within reports whether two dates are less than the window apart.
@@ -196,43 +205,49 @@ func (s *MemoryIdempotencyStore) within(now, at int64) bool {
 }
 
 // record remembers the key of sl, dated sl.now: in its own entry if it has
-// one (which keeps the later date), else in a free (empty, or more than the
-// window older than sl) slot of the emptier of its two buckets, else in
-// place of the oldest entry of the two.
+// one (which keeps the later date), else in an empty slot of the emptier of
+// its two buckets, else in place of the oldest entry of the two.
+//
+// A bucket fills from its first slot (entries are replaced, never
+// removed), so its first empty slot — the oldest, dated 0 — is also how
+// many entries it holds.
 func (s *MemoryIdempotencyStore) record(sl slot) {
-	bs := [2]*dedupBucket{&s.buckets[sl.i], &s.buckets[sl.j]}
-	var free, firstFree [2]int
-	victim, oldest := &bs[0][0], int64(math.MaxInt64)
-	for n, b := range bs {
-		for x := range b {
-			e := &b[x]
-			tag := e.tag.Load()
-			if tag == sl.tag {
-				if at := e.at.Load(); sl.now > at {
-					e.at.Store(sl.now)
-				}
-				return
-			}
-			at := e.at.Load()
-			if tag == 0 || sl.now-at >= int64(s.window) {
-				if free[n] == 0 {
-					firstFree[n] = x
-				}
-				free[n]++
-			}
-			if at < oldest {
-				victim, oldest = e, at
-			}
-		}
+	b0, b1 := &s.buckets[sl.i], &s.buckets[sl.j]
+	old0, x0, own := b0.scan(sl)
+	if own {
+		return
 	}
-	switch {
-	case free[0] >= free[1] && free[0] > 0:
-		victim = &bs[0][firstFree[0]]
-	case free[1] > 0:
-		victim = &bs[1][firstFree[1]]
+	old1, x1, own := b1.scan(sl)
+	if own {
+		return
+	}
+	victim := &b0[x0]
+	if old1 < old0 || old1 == 0 && old0 == 0 && x1 < x0 {
+		victim = &b1[x1]
 	}
 	victim.at.Store(sl.now)
 	victim.tag.Store(sl.tag)
+}
+
+// scan looks for the key of sl in b. If it is there, it dates its entry
+// sl.now unless that entry is newer, and returns own. Otherwise it returns
+// b's oldest date and where it is: its first empty slot, when it has one.
+func (b *dedupBucket) scan(sl slot) (oldest int64, at int, own bool) {
+	oldest = math.MaxInt64
+	for x := range b {
+		e := &b[x]
+		d := e.at.Load()
+		if e.tag.Load() == sl.tag {
+			if sl.now > d {
+				e.at.Store(sl.now)
+			}
+			return 0, 0, true
+		}
+		if d < oldest {
+			oldest, at = d, x
+		}
+	}
+	return oldest, at, false
 }
 
 // Len returns how many delivered IDs are remembered and not expired.
