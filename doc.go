@@ -17,8 +17,8 @@
 // shutdown) after it caused its side effect, so handlers must be idempotent.
 // The broker helps: a message whose ID was already delivered to a subscriber
 // is not handed to it again when the two were published within the dedup
-// window of each other (see MemoryIdempotencyStore), and two deliveries of
-// one ID to one subscriber never run at the same time.
+// window of each other (with the default store, MemoryIdempotencyStore),
+// and two deliveries of one ID to one subscriber never run at the same time.
 //
 // # Pipeline
 //

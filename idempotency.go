@@ -13,7 +13,7 @@ import (
 
 // Defaults of the in-memory idempotency store.
 const (
-	DefaultDedupWindow  = 5 * time.Minute // how long a delivered ID is remembered
+	DefaultDedupWindow  = 5 * time.Minute // how far apart in publish time two copies of an ID are duplicates
 	DefaultDedupEntries = 100_000         // how many delivered IDs are remembered at most
 )
 
@@ -32,6 +32,10 @@ type DeliveryKey struct {
 // the handler succeeded, so a failed delivery is never mistaken for a
 // duplicate. When Seen fails the broker delivers anyway (a duplicate is
 // within the at-least-once contract, a loss is not) and logs the error.
+//
+// The store decides what its window means: a store with a TTL remembers a
+// key for the TTL from Record, the end of a delivery. The default,
+// MemoryIdempotencyStore, measures its window in publish time instead.
 type IdempotencyStore interface {
 	// Seen reports whether k was recorded and has not expired.
 	Seen(ctx context.Context, k DeliveryKey) (bool, error)
@@ -50,8 +54,9 @@ type IdempotencyStore interface {
 // window before or after it, was delivered there first. A backlog or a long
 // retry does not change which messages count as duplicates, and the worker
 // reads no clock for it: both times come from the messages' PublishedAt. A
-// redriven dead letter is remembered from its redelivery. Through Seen and
-// Record, which know no message, the window runs from the Record call.
+// redriven dead letter counts as published again when its redelivery starts
+// (it is dated by a clock read then). Through Seen and Record, which know no
+// message, the window runs from the Record call.
 //
 // The table is set-associative with two choices: a key's hash picks two
 // buckets of four entries (one cache line each); a lookup checks both, and a
@@ -236,10 +241,11 @@ func (b *dedupBucket) scan(sl slot) (oldest int64, at int, own bool) {
 	oldest = math.MaxInt64
 	for x := range b {
 		e := &b[x]
+		tag := e.tag.Load() // before the date: see dedupBucket
 		d := e.at.Load()
-		if e.tag.Load() == sl.tag {
-			if sl.now > d {
-				e.at.Store(sl.now)
+		if tag == sl.tag {
+			for d < sl.now && !e.at.CompareAndSwap(d, sl.now) {
+				d = e.at.Load() // another record of the key moved it meanwhile
 			}
 			return 0, 0, true
 		}
@@ -250,7 +256,9 @@ func (b *dedupBucket) scan(sl slot) (oldest int64, at int, own bool) {
 	return oldest, at, false
 }
 
-// Len returns how many delivered IDs are remembered and not expired.
+// Len returns how many entries are dated less than the window before or
+// after now. The entries of a subscriber behind by more than the window are
+// not counted, though they still match copies published with them.
 func (s *MemoryIdempotencyStore) Len() int {
 	now, n := s.now(), 0
 	for i := range s.buckets {

@@ -12,8 +12,8 @@ import (
 // same backing data).
 type Message struct {
 	// ID identifies the message and is its idempotency key: a subscriber that
-	// has delivered an ID is not handed it again within the dedup window.
-	// Required.
+	// has delivered an ID is not handed a copy published within the dedup
+	// window of the delivered one (with the default store). Required.
 	ID string
 	// Topic routes the message. Required.
 	Topic string
