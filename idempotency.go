@@ -85,7 +85,9 @@ const dedupWays = 4
 // dedupBucket holds up to dedupWays entries; a zero tag is an empty slot.
 // A record writes at before tag, so a reader that sees a tag sees a date at
 // least as new as the one written with it.
-type dedupBucket [dedupWays]struct {
+type dedupBucket [dedupWays]dedupEntry
+
+type dedupEntry struct {
 	tag atomic.Uint64 // second hash of the key, never 0
 	at  atomic.Int64  // the entry's date (see since); 0 in an empty slot
 }
@@ -244,8 +246,8 @@ func (b *dedupBucket) scan(sl slot) (oldest int64, at int, own bool) {
 		tag := e.tag.Load() // before the date: see dedupBucket
 		d := e.at.Load()
 		if tag == sl.tag {
-			for d < sl.now && !e.at.CompareAndSwap(d, sl.now) {
-				d = e.at.Load() // another record of the key moved it meanwhile
+			if d < sl.now {
+				e.redate(d, sl.now)
 			}
 			return 0, 0, true
 		}
@@ -254,6 +256,14 @@ func (b *dedupBucket) scan(sl slot) (oldest int64, at int, own bool) {
 		}
 	}
 	return oldest, at, false
+}
+
+// redate moves e's date from d to the later now, unless another record
+// moves it later meanwhile.
+func (e *dedupEntry) redate(d, now int64) {
+	for d < now && !e.at.CompareAndSwap(d, now) {
+		d = e.at.Load()
+	}
 }
 
 // Len returns how many entries are dated less than the window before or
