@@ -172,3 +172,41 @@ func FuzzDeadLetterQuery(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDedupStore: the default idempotency store against a model. The ops
+// record or look up one of eight keys at a date that may go back as well as
+// forward. Eight keys fit in any table of eight slots or more without one
+// evicting another, so the store must agree with the model exactly: a key
+// is seen when its latest recorded date is less than the window from the
+// lookup's, in either direction.
+func FuzzDedupStore(f *testing.F) {
+	f.Add(uint8(8), []byte{0, 1, 10, 1, 1, 50, 0, 2, 200, 1, 2, 90, 1, 1, 140})
+	f.Add(uint8(64), []byte{0, 7, 255, 0, 7, 1, 1, 7, 120, 1, 7, 160, 0, 3, 0})
+	f.Fuzz(func(t *testing.T, size uint8, ops []byte) {
+		const window = 100
+		s := NewMemoryIdempotencyStore(window, max(int(size), 8))
+		salt := s.salt("t", "s")
+		var hs [8]idHash
+		for k := range hs {
+			hs[k] = s.hashID(string(rune('a' + k)))
+		}
+		latest := map[int]int64{} // key: its latest recorded date
+		for ; len(ops) >= 3; ops = ops[3:] {
+			k, date := int(ops[1]%8), 1+int64(ops[2])*3 // dates 1..766: windows overlap and do not
+			sl := s.slotFor(salt, hs[k], date)
+			if ops[0]%2 == 0 {
+				s.record(sl)
+				latest[k] = max(latest[k], date)
+				continue
+			}
+			at, ok := latest[k]
+			want := ok && at-date < window && date-at < window
+			if got := s.seen(sl); got != want {
+				t.Fatalf("key %d looked up at %d: seen %v, want %v (latest record %d, recorded %v)", k, date, got, want, at, ok)
+			}
+		}
+		if n := s.Len(); n > s.Cap() {
+			t.Fatalf("Len %d > Cap %d", n, s.Cap())
+		}
+	})
+}
