@@ -28,6 +28,8 @@ start=$(date +%s)
 	-impls "$IMPLS" -out "$tmp/table.md" -chart "$tmp/chart.svg" "$@"
 end=$(date +%s)
 
+# Both files are written in place only once the run produced them (not,
+# for example, after -h), so a failed run leaves the last results alone.
 {
 	echo "# Benchmark results"
 	echo
@@ -35,6 +37,8 @@ end=$(date +%s)
 	echo "Figures from a shared 2-core machine are noisy: compare within a row, and rerun before trusting a difference under ~30%."
 	echo
 	cat "$tmp/table.md"
-} >RESULTS.md
+} >"$tmp/RESULTS.md"
+test -s "$tmp/chart.svg"
+mv "$tmp/RESULTS.md" RESULTS.md
 cp "$tmp/chart.svg" chart.svg
 echo "wrote RESULTS.md and chart.svg in $((end - start)) s" >&2
