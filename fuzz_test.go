@@ -174,35 +174,48 @@ func FuzzDeadLetterQuery(f *testing.F) {
 }
 
 // FuzzDedupStore: the default idempotency store against a model. The ops
-// record or look up one of eight keys at a date that may go back as well as
-// forward. Eight keys fit in any table of eight slots or more without one
-// evicting another, so the store must agree with the model exactly: a key
-// is seen when its latest recorded date is less than the window from the
-// lookup's, in either direction.
+// record or look up one of up to 32 keys at a date from 1 to 256 (window
+// 64), going back as well as forward; keys are placed by hashes derived
+// from the input, so a finding replays. Whatever the store evicts, a lookup
+// may find a key only if one of its recorded dates is less than the window
+// from the lookup's: anything else would drop a message that is no
+// duplicate. While no more than eight keys were recorded nothing can have
+// been evicted, so the store must then agree with the model exactly.
 func FuzzDedupStore(f *testing.F) {
-	f.Add(uint8(8), []byte{0, 1, 10, 1, 1, 50, 0, 2, 200, 1, 2, 90, 1, 1, 140})
-	f.Add(uint8(64), []byte{0, 7, 255, 0, 7, 1, 1, 7, 120, 1, 7, 160, 0, 3, 0})
-	f.Fuzz(func(t *testing.T, size uint8, ops []byte) {
-		const window = 100
+	f.Add(uint8(8), uint8(0), []byte{0, 1, 10, 1, 1, 50, 0, 2, 200, 1, 2, 90, 1, 1, 140})
+	f.Add(uint8(64), uint8(7), []byte{0, 7, 255, 0, 7, 1, 1, 7, 120, 1, 7, 160, 0, 3, 0})
+	f.Add(uint8(8), uint8(1), []byte{0, 1, 1, 0, 2, 1, 0, 3, 1, 0, 4, 1, 0, 5, 1, 0, 6, 1, 0, 7, 1, 0, 8, 1, 0, 9, 200, 1, 1, 5})
+	f.Fuzz(func(t *testing.T, size, seed uint8, ops []byte) {
+		const window = 64
 		s := NewMemoryIdempotencyStore(window, max(int(size), 8))
-		salt := s.salt("t", "s")
-		var hs [8]idHash
-		for k := range hs {
-			hs[k] = s.hashID(string(rune('a' + k)))
+		key := func(k int) idHash { // the same placement on every run
+			x := uint64(k)*0x9e3779b97f4a7c15 + uint64(seed)
+			return idHash{a: x ^ x>>29, b: x*0xbf58476d1ce4e5b9 ^ x>>31}
 		}
-		latest := map[int]int64{} // key: its latest recorded date
+		dates := map[int][]int64{} // key: every date it was recorded at
 		for ; len(ops) >= 3; ops = ops[3:] {
-			k, date := int(ops[1]%8), 1+int64(ops[2])*3 // dates 1..766: windows overlap and do not
-			sl := s.slotFor(salt, hs[k], date)
+			k, date := int(ops[1]%32), 1+int64(ops[2])
+			sl := s.slotFor(dedupSalt{}, key(k), date)
 			if ops[0]%2 == 0 {
 				s.record(sl)
-				latest[k] = max(latest[k], date)
+				dates[k] = append(dates[k], date)
 				continue
 			}
-			at, ok := latest[k]
-			want := ok && at-date < window && date-at < window
-			if got := s.seen(sl); got != want {
-				t.Fatalf("key %d looked up at %d: seen %v, want %v (latest record %d, recorded %v)", k, date, got, want, at, ok)
+			within := false
+			for _, at := range dates[k] {
+				within = within || at-date < window && date-at < window
+			}
+			latest := int64(0)
+			for _, at := range dates[k] {
+				latest = max(latest, at)
+			}
+			exact := latest > 0 && latest-date < window && date-latest < window
+			got := s.seen(sl)
+			if got && !within {
+				t.Fatalf("key %d looked up at %d: seen, but it was recorded only at %v (window %d)", k, date, dates[k], window)
+			}
+			if len(dates) <= 8 && got != exact {
+				t.Fatalf("key %d looked up at %d: seen %v, want %v (recorded at %v; nothing evicted)", k, date, got, exact, dates[k])
 			}
 		}
 		if n := s.Len(); n > s.Cap() {

@@ -82,14 +82,33 @@ var _ IdempotencyStore = (*MemoryIdempotencyStore)(nil)
 // dedupWays is the entries per bucket: 4 × 16 bytes is one cache line.
 const dedupWays = 4
 
-// dedupBucket holds up to dedupWays entries; a zero tag is an empty slot.
-// A record writes at before tag, so a reader that sees a tag sees a date at
-// least as new as the one written with it.
+// dedupBucket holds up to dedupWays entries.
 type dedupBucket [dedupWays]dedupEntry
 
+// dedupEntry is one slot: a key's tag and its date, two words that are
+// written together only while the tag is dedupBusy. A writer claims the slot
+// by swapping the tag it saw for dedupBusy (and gives up if the swap fails:
+// another writer got there first), writes the date, then the new tag. A
+// reader that found a tag reads the date, then the tag again: if the tag is
+// still the one it found, the date is that key's, not the next occupant's.
 type dedupEntry struct {
-	tag atomic.Uint64 // second hash of the key, never 0
+	tag atomic.Uint64 // 0: empty; dedupBusy: being written; else a key's tag (odd)
 	at  atomic.Int64  // the entry's date (see since); 0 in an empty slot
+}
+
+// dedupBusy is the tag of a slot being written; keys' tags are odd.
+const dedupBusy = 2
+
+// claim makes e the caller's to write, if its tag is still seen (and no
+// other writer holds it).
+func (e *dedupEntry) claim(seen uint64) bool {
+	return seen != dedupBusy && e.tag.CompareAndSwap(seen, dedupBusy)
+}
+
+// set writes a claimed entry: the date, then the tag, which releases it.
+func (e *dedupEntry) set(tag uint64, at int64) {
+	e.at.Store(at)
+	e.tag.Store(tag)
 }
 
 // NewMemoryIdempotencyStore returns a store remembering delivered IDs for
@@ -195,11 +214,14 @@ func (s *MemoryIdempotencyStore) seen(sl slot) bool {
 	return ok && s.within(sl.now, at)
 }
 
-// find returns the date of the entry with tag, if b has one.
+// find returns the date of the entry with tag, if b has one. An entry that
+// is replaced while find reads it counts as not found.
 func (b *dedupBucket) find(tag uint64) (at int64, ok bool) {
 	for x := range b {
-		if b[x].tag.Load() == tag {
-			return b[x].at.Load(), true
+		e := &b[x]
+		if e.tag.Load() == tag {
+			at = e.at.Load()
+			return at, e.tag.Load() == tag
 		}
 	}
 	return 0, false
@@ -218,52 +240,50 @@ func (s *MemoryIdempotencyStore) within(now, at int64) bool {
 // A bucket fills from its first slot (entries are replaced, never
 // removed), so its first empty slot — the oldest, dated 0 — is also how
 // many entries it holds.
+//
+// When another writer changes the chosen slot first, the key goes
+// unremembered: a duplicate may then get through, which at-least-once
+// allows.
 func (s *MemoryIdempotencyStore) record(sl slot) {
 	b0, b1 := &s.buckets[sl.i], &s.buckets[sl.j]
-	old0, x0, own := b0.scan(sl)
+	old0, x0, tag0, own := b0.scan(sl)
 	if own {
 		return
 	}
-	old1, x1, own := b1.scan(sl)
+	old1, x1, tag1, own := b1.scan(sl)
 	if own {
 		return
 	}
-	victim := &b0[x0]
+	victim, seen := &b0[x0], tag0
 	if old1 < old0 || old1 == 0 && old0 == 0 && x1 < x0 {
-		victim = &b1[x1]
+		victim, seen = &b1[x1], tag1
 	}
-	victim.at.Store(sl.now)
-	victim.tag.Store(sl.tag)
+	if victim.claim(seen) {
+		victim.set(sl.tag, sl.now)
+	}
 }
 
 // scan looks for the key of sl in b. If it is there, it dates its entry
 // sl.now unless that entry is newer, and returns own. Otherwise it returns
-// b's oldest date and where it is: its first empty slot, when it has one.
-func (b *dedupBucket) scan(sl slot) (oldest int64, at int, own bool) {
+// b's oldest date, where it is (its first empty slot, when it has one) and
+// the tag seen there.
+func (b *dedupBucket) scan(sl slot) (oldest int64, at int, tag uint64, own bool) {
 	oldest = math.MaxInt64
 	for x := range b {
 		e := &b[x]
-		tag := e.tag.Load() // before the date: see dedupBucket
+		t := e.tag.Load()
 		d := e.at.Load()
-		if tag == sl.tag {
-			if d < sl.now {
-				e.redate(d, sl.now)
+		if t == sl.tag {
+			if d < sl.now && e.claim(t) {
+				e.set(t, max(sl.now, e.at.Load()))
 			}
-			return 0, 0, true
+			return 0, 0, 0, true
 		}
 		if d < oldest {
-			oldest, at = d, x
+			oldest, at, tag = d, x, t
 		}
 	}
-	return oldest, at, false
-}
-
-// redate moves e's date from d to the later now, unless another record
-// moves it later meanwhile.
-func (e *dedupEntry) redate(d, now int64) {
-	for d < now && !e.at.CompareAndSwap(d, now) {
-		d = e.at.Load()
-	}
+	return oldest, at, tag, false
 }
 
 // Len returns how many entries are dated less than the window before or
@@ -274,7 +294,7 @@ func (s *MemoryIdempotencyStore) Len() int {
 	for i := range s.buckets {
 		for x := range s.buckets[i] {
 			e := &s.buckets[i][x]
-			if e.tag.Load() != 0 && s.within(now, e.at.Load()) {
+			if t := e.tag.Load(); t != 0 && t != dedupBusy && s.within(now, e.at.Load()) {
 				n++
 			}
 		}

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -294,4 +295,37 @@ func TestMemoryIdempotencyStoreDates(t *testing.T) {
 	assert.Equal(t, int64(1), s.since(s.epoch))
 	assert.Equal(t, int64(5), s.since(s.epoch.Add(5)))
 	assert.GreaterOrEqual(t, s.now(), int64(1))
+}
+
+// Records that replace entries while lookups read them never pair one key's
+// tag with another key's date. Two goroutines record fresh keys into a
+// table of eight slots (so nearly every record replaces an entry), one at
+// date 1 and one a hundred windows later, and each looks its key up at the
+// other's date: the key was recorded only at its own, so it must not be
+// found there.
+func TestMemoryIdempotencyStoreReplacementsNeverMixKeys(t *testing.T) {
+	const window = time.Second
+	s := NewMemoryIdempotencyStore(window, 8)
+	dates := [2]int64{1, 100 * int64(window)}
+	n := 200_000
+	if raceEnabled {
+		n = 100_000
+	}
+	var wrong atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range n {
+				h := idHash{a: uint64(i) * 0x9e3779b97f4a7c15, b: uint64(g)<<32 | uint64(i)}
+				s.record(s.slotFor(dedupSalt{}, h, dates[g]))
+				if s.seen(s.slotFor(dedupSalt{}, h, dates[1-g])) {
+					wrong.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Zero(t, wrong.Load(), "lookups that found a key at a date it was never recorded at")
 }
