@@ -70,6 +70,13 @@ type IdempotencyStore interface {
 // is not — unless its 63-bit tag matches one of the eight entries a lookup
 // compares, which has a probability of about 2^-60 per lookup (keys are
 // hashed with per-store random seeds).
+//
+// That last promise assumes a key is not recorded while it is being looked
+// up, which the broker never does (two deliveries of one ID to one
+// subscriber never run at once). A caller of Seen and Record that does both
+// for one key at once could, if the lookup stalls while the entry is
+// replaced and the key then recorded into it again, be told the key was
+// seen at the other key's date.
 type MemoryIdempotencyStore struct {
 	window       time.Duration
 	epoch        time.Time // monotonic base for dates
