@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -328,4 +329,65 @@ func TestMemoryIdempotencyStoreReplacementsNeverMixKeys(t *testing.T) {
 	}
 	wg.Wait()
 	assert.Zero(t, wrong.Load(), "lookups that found a key at a date it was never recorded at")
+}
+
+// Under concurrent records (fresh keys, repeats, dates moved back and
+// forth) and lookups on small tables, a key is found only at a date within
+// the window of a range it was recorded in, and afterwards the table is
+// whole: no slot left busy, no filled slot after an empty one.
+func TestMemoryIdempotencyStoreConcurrentInvariants(t *testing.T) {
+	const window, groups = 1000, 5
+	ops := 40_000
+	if raceEnabled {
+		ops = 10_000
+	}
+	base := func(k int) int64 { return 1 + int64(k%groups)*100*window } // k is recorded in [base, base+window/2)
+	key := func(k int) idHash {
+		x := uint64(k+1) * 0x9e3779b97f4a7c15
+		return idHash{a: x ^ x>>29, b: x*0xbf58476d1ce4e5b9 ^ x>>31}
+	}
+	for _, tt := range []struct{ slots, keys int }{{8, 3}, {8, 12}, {16, 64}} {
+		t.Run(fmt.Sprintf("%d slots, %d keys", tt.slots, tt.keys), func(t *testing.T) {
+			s := NewMemoryIdempotencyStore(window, tt.slots)
+			var wrong atomic.Int64
+			var wg sync.WaitGroup
+			for w := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := rand.New(rand.NewPCG(uint64(w), uint64(tt.keys)))
+					for range ops {
+						k := r.IntN(tt.keys)
+						if r.IntN(2) == 0 {
+							s.record(s.slotFor(dedupSalt{}, key(k), base(k)+r.Int64N(window/2)))
+							continue
+						}
+						q := 1 + int64(r.IntN(groups))*100*window + r.Int64N(window/2)
+						if s.seen(s.slotFor(dedupSalt{}, key(k), q)) && (q-base(k) >= window*3/2 || base(k)-q >= window) {
+							wrong.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			assert.Zero(t, wrong.Load(), "keys found at dates outside the window of any date they were recorded at")
+			for i := range s.buckets {
+				empty := false
+				for x := range s.buckets[i] {
+					e := &s.buckets[i][x]
+					tag, at := e.tag.Load(), e.at.Load()
+					switch {
+					case tag == 0:
+						empty = true
+						assert.Zero(t, at, "bucket %d slot %d: empty with a date", i, x)
+					case tag == dedupBusy:
+						t.Errorf("bucket %d slot %d left busy", i, x)
+					default:
+						assert.False(t, empty, "bucket %d slot %d filled after an empty one", i, x)
+						assert.Positive(t, at, "bucket %d slot %d", i, x)
+					}
+				}
+			}
+		})
+	}
 }
