@@ -188,14 +188,10 @@ func FuzzDedupStore(f *testing.F) {
 	f.Fuzz(func(t *testing.T, size, seed uint8, ops []byte) {
 		const window = 64
 		s := NewMemoryIdempotencyStore(window, max(int(size), 8))
-		key := func(k int) idHash { // the same placement on every run
-			x := uint64(k)*0x9e3779b97f4a7c15 + uint64(seed)
-			return idHash{a: x ^ x>>29, b: x*0xbf58476d1ce4e5b9 ^ x>>31}
-		}
 		dates := map[int][]int64{} // key: every date it was recorded at
 		for ; len(ops) >= 3; ops = ops[3:] {
 			k, date := int(ops[1]%32), 1+int64(ops[2])
-			sl := s.slotFor(dedupSalt{}, key(k), date)
+			sl := s.slotFor(dedupSalt{}, placedKey(k, uint64(seed)), date)
 			if ops[0]%2 == 0 {
 				s.record(sl)
 				dates[k] = append(dates[k], date)

@@ -313,22 +313,37 @@ func TestMemoryIdempotencyStoreReplacementsNeverMixKeys(t *testing.T) {
 		n = 100_000
 	}
 	var wrong atomic.Int64
+	concurrently(2, func(g int) {
+		for i := range n {
+			h := placedKey(g<<32|i, 0)
+			s.record(s.slotFor(dedupSalt{}, h, dates[g]))
+			if s.seen(s.slotFor(dedupSalt{}, h, dates[1-g])) {
+				wrong.Add(1)
+			}
+		}
+	})
+	assert.Zero(t, wrong.Load(), "lookups that found a key at a date it was never recorded at")
+}
+
+// placedKey is a hashed ID for key k that lands in the same buckets on
+// every run (a store's own hashes are seeded at random).
+func placedKey(k int, seed uint64) idHash {
+	x := uint64(k+1)*0x9e3779b97f4a7c15 + seed
+	return idHash{a: x ^ x>>29, b: x*0xbf58476d1ce4e5b9 ^ x>>31}
+}
+
+// concurrently runs f(0) to f(n-1) on goroutines of their own and waits for
+// them.
+func concurrently(n int, f func(g int)) {
 	var wg sync.WaitGroup
-	for g := range 2 {
+	for g := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := range n {
-				h := idHash{a: uint64(i) * 0x9e3779b97f4a7c15, b: uint64(g)<<32 | uint64(i)}
-				s.record(s.slotFor(dedupSalt{}, h, dates[g]))
-				if s.seen(s.slotFor(dedupSalt{}, h, dates[1-g])) {
-					wrong.Add(1)
-				}
-			}
+			f(g)
 		}()
 	}
 	wg.Wait()
-	assert.Zero(t, wrong.Load(), "lookups that found a key at a date it was never recorded at")
 }
 
 // Under concurrent records (fresh keys, repeats, dates moved back and
@@ -342,34 +357,24 @@ func TestMemoryIdempotencyStoreConcurrentInvariants(t *testing.T) {
 		ops = 10_000
 	}
 	base := func(k int) int64 { return 1 + int64(k%groups)*100*window } // k is recorded in [base, base+window/2)
-	key := func(k int) idHash {
-		x := uint64(k+1) * 0x9e3779b97f4a7c15
-		return idHash{a: x ^ x>>29, b: x*0xbf58476d1ce4e5b9 ^ x>>31}
-	}
 	for _, tt := range []struct{ slots, keys int }{{8, 3}, {8, 12}, {16, 64}} {
 		t.Run(fmt.Sprintf("%d slots, %d keys", tt.slots, tt.keys), func(t *testing.T) {
 			s := NewMemoryIdempotencyStore(window, tt.slots)
 			var wrong atomic.Int64
-			var wg sync.WaitGroup
-			for w := range 4 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					r := rand.New(rand.NewPCG(uint64(w), uint64(tt.keys)))
-					for range ops {
-						k := r.IntN(tt.keys)
-						if r.IntN(2) == 0 {
-							s.record(s.slotFor(dedupSalt{}, key(k), base(k)+r.Int64N(window/2)))
-							continue
-						}
-						q := 1 + int64(r.IntN(groups))*100*window + r.Int64N(window/2)
-						if s.seen(s.slotFor(dedupSalt{}, key(k), q)) && (q-base(k) >= window*3/2 || base(k)-q >= window) {
-							wrong.Add(1)
-						}
+			concurrently(4, func(g int) {
+				r := rand.New(rand.NewPCG(uint64(g), uint64(tt.keys)))
+				for range ops {
+					k := r.IntN(tt.keys)
+					if r.IntN(2) == 0 {
+						s.record(s.slotFor(dedupSalt{}, placedKey(k, 0), base(k)+r.Int64N(window/2)))
+						continue
 					}
-				}()
-			}
-			wg.Wait()
+					q := 1 + int64(r.IntN(groups))*100*window + r.Int64N(window/2)
+					if s.seen(s.slotFor(dedupSalt{}, placedKey(k, 0), q)) && (q-base(k) >= window*3/2 || base(k)-q >= window) {
+						wrong.Add(1)
+					}
+				}
+			})
 			assert.Zero(t, wrong.Load(), "keys found at dates outside the window of any date they were recorded at")
 			for i := range s.buckets {
 				empty := false
