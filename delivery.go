@@ -122,7 +122,8 @@ type dedupRef struct {
 
 // dedupKey names env for the idempotency store. The default store dates it
 // by its PublishedAt (the window is in publish time), and a redriven dead
-// letter by a clock read: it is remembered from its redelivery.
+// letter by a clock read: it counts as published again when its redelivery
+// starts.
 func (p *pipeline) dedupKey(env *envelope) dedupRef {
 	if p.mem == nil {
 		return dedupRef{key: DeliveryKey{Topic: p.rec.topic, Subscriber: p.rec.subscriber, MessageID: env.msg.ID}}
