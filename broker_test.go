@@ -971,11 +971,7 @@ func TestUnsubscribeDeadlineDeadLettersLeftovers(t *testing.T) {
 		require.NoError(t, err)
 		publishN(t, b, "t", "m", 4)
 		idle()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		err = sub.Unsubscribe(ctx)
-		var de *DrainError
-		require.ErrorAs(t, err, &de)
+		de := stopWithin(t, time.Second, sub.Unsubscribe)
 		assert.Equal(t, ReasonUnsubscribed, de.Reason)
 		assert.Equal(t, 4, de.DeadLettered)
 		assert.Equal(t, int32(1), cancelled.Load(), "the running handler saw its context cancelled")

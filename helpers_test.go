@@ -218,3 +218,14 @@ func blockUntilCancelled(ctx context.Context, _ Message) error {
 	<-ctx.Done()
 	return ctx.Err()
 }
+
+// stopWithin calls stop (Close or Unsubscribe) with a context that ends
+// after d, and returns the *DrainError it must report.
+func stopWithin(t *testing.T, d time.Duration, stop func(context.Context) error) *DrainError {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var de *DrainError
+	require.ErrorAs(t, stop(ctx), &de)
+	return de
+}

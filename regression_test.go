@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -59,11 +58,7 @@ func TestNoHandlerStartsAfterAbort(t *testing.T) {
 			require.NoError(t, b.Publish(context.Background(), Message{ID: "x", Topic: "t", Key: fmt.Sprint("k", i)}))
 		}
 		idle()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		err = b.Close(ctx)
-		var de *DrainError
-		require.ErrorAs(t, err, &de)
+		de := stopWithin(t, time.Second, b.Close)
 		assert.Equal(t, 20, de.DeadLettered)
 		assert.Equal(t, int32(1), runs.Load(), "only the first delivery ran")
 	})
@@ -183,11 +178,7 @@ func TestNoDeadLettersAfterUnsubscribeReturns(t *testing.T) {
 		require.NoError(t, err)
 		publishN(t, b, "t", "m", 6)
 		idle()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		err = s.Unsubscribe(ctx)
-		var de *DrainError
-		require.True(t, errors.As(err, &de), "err %v", err)
+		de := stopWithin(t, time.Second, s.Unsubscribe)
 		close(release)
 		idle()
 		var forS int
