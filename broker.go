@@ -219,6 +219,11 @@ func (b *Broker) Close(ctx context.Context) error {
 	case <-drained:
 	case <-ctx.Done():
 		b.abort(errShutdown)
+		for _, t := range topics {
+			for _, s := range t.activeSubs() {
+				s.stopNow()
+			}
+		}
 		<-drained
 	}
 	b.abort(errShutdown) // release the context's resources

@@ -677,9 +677,11 @@ func (r *chaosRun) verifyOrder() {
 			continue // a later dispatch of a duplicate
 		}
 		firstSeen[g][c.id] = true
+		// Per Key; keyless messages leave the lane in dispatch order, so
+		// one worker starts their first attempts in publish order.
 		orderKey := c.key
-		if s.concurrency == 1 {
-			orderKey = "" // FIFO across keys
+		if orderKey == "" && s.concurrency > 1 {
+			continue
 		}
 		if prev, ok := lastSeq[g][orderKey]; ok && c.pseq < prev {
 			r.t.Errorf("%s/%s (gen %d, concurrency %d): %s (publish #%d) delivered after publish #%d of key %q",

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 )
@@ -24,6 +25,7 @@ type pipeline struct {
 	mem     *MemoryIdempotencyStore // dedup, when it is the default kind: hashed once per delivery
 	salt    dedupSalt               // mem's hash of (topic, subscriber)
 	guard   *idGuard                // nil unless two workers could hold the same ID at once
+	budget  *retryBudget            // nil: retries are not budgeted
 	rec     recorder
 }
 
@@ -36,11 +38,9 @@ type envelope struct {
 }
 
 // redriveMark in a queued envelope's msg.Attempt marks a redriven dead
-// letter, which skips the dedup check. The pipeline sets Attempt from 1
-// when it delivers, so the mark costs the envelope no field of its own.
+// letter, which skips the dedup check; its lane item says so
+// (laneItem.redriven) and counts attempts from 0.
 const redriveMark = -1
-
-func (e *envelope) redriven() bool { return e.msg.Attempt == redriveMark }
 
 // step is what follows a failed attempt.
 type step struct {
@@ -53,56 +53,102 @@ type step struct {
 	took      time.Duration // handler run time
 }
 
-// deliver takes env to a final state — delivered, deduplicated or
-// dead-lettered — retrying in place (holding the worker) as the policy
-// says. ctx is cancelled, with errShutdown or errUnsubscribed as its cause,
-// when the subscription must stop at once; then the message is
-// dead-lettered with that reason instead of being retried.
-func (p *pipeline) deliver(ctx context.Context, env *envelope) {
-	msg := &env.msg
+// turnResult is what a turn left of a message.
+type turnResult struct {
+	ended  bool          // delivered, deduplicated or dead-lettered
+	delay  time.Duration // else: park this long, then run the next turn
+	health health        // what the attempt says about the subscriber, for its breaker
+}
+
+// turn runs the next attempt of it — after the dedup check, which a
+// redriven dead letter skips — and records what followed: the message
+// ended (delivered, deduplicated, dead-lettered), or it failed and waits
+// delay for its next turn (it.last holds that failure). ctx is cancelled,
+// with errShutdown or errUnsubscribed as its cause, when the subscription
+// must stop at once: then the message is dead-lettered with that reason
+// instead of being attempted or retried.
+func (p *pipeline) turn(ctx context.Context, it *laneItem) turnResult {
+	msg := &it.env.msg
 	if p.guard != nil {
 		p.guard.acquire(msg.ID)
 		defer p.guard.release(msg.ID)
 	}
 	var d dedupRef
 	if p.dedup != nil {
-		d = p.dedupKey(env)
+		d = p.dedupKey(&it.env, it.redriven)
+		// Checked again before a retry: a copy of the message with another
+		// Key may have been delivered while this one was parked.
+		if !it.redriven && p.seen(&d) {
+			p.rec.deduplicated(msg)
+			return turnResult{ended: true}
+		}
 	}
-	if p.dedup != nil && !env.redriven() && p.seen(&d) {
-		p.rec.deduplicated(msg)
+	if ctx.Err() != nil {
+		p.cutOff(ctx, it)
+		return turnResult{ended: true}
+	}
+	msg.Attempt++
+	if p.budget != nil && msg.Attempt == 1 {
+		p.budget.first(time.Now())
+	}
+	err, timedOut, took := p.attempt(ctx, msg)
+	if err == nil {
+		if p.dedup != nil {
+			p.record(&d)
+		}
+		p.rec.delivered(msg, took)
+		return turnResult{ended: true, health: healthOK}
+	}
+	s := p.judge(ctx, msg, err, timedOut, took)
+	h := healthNone
+	if s.retryable {
+		h = healthFail
+	}
+	if s.outcome == OutcomeRetry && p.budget != nil && !p.budget.spend(time.Now()) {
+		s.outcome, s.reason = OutcomeDeadLettered, ReasonBudget
+	}
+	if s.outcome == OutcomeDeadLettered {
+		p.rec.deadLetter(msg, s.took, s.code, s.retryable, s.reason, s.err, true)
+		return turnResult{ended: true, health: h}
+	}
+	p.rec.retrying(msg, s.took, s.code, s.delay, s.err)
+	if it.last == nil {
+		it.last = new(step)
+	}
+	*it.last = s
+	return turnResult{delay: s.delay, health: h}
+}
+
+// cutOff ends it, which a Close or Unsubscribe whose context ended took
+// from its lane (or from the worker that ran it). No new attempt starts: a
+// duplicate of a delivered message is deduplicated (a redrive would run it
+// twice), anything else is dead-lettered with the stop's reason, showing
+// the message as last delivered with that attempt's failure (whose event
+// was already emitted).
+func (p *pipeline) cutOff(ctx context.Context, it *laneItem) {
+	msg := &it.env.msg
+	if p.dedup != nil && !it.redriven {
+		if d := p.dedupKey(&it.env, false); p.seen(&d) {
+			p.rec.deduplicated(msg)
+			return
+		}
+	}
+	if it.last == nil || msg.Attempt == 0 {
+		p.rec.deadLetter(msg, 0, abortCode(ctx), false, abortReason(ctx), context.Cause(ctx), false)
 		return
 	}
-	var last step // the failure that scheduled the current retry
-	for msg.Attempt = 1; ; msg.Attempt++ {
-		if ctx.Err() != nil {
-			// Stopped at once: no new attempt starts. The dead letter shows
-			// the message as last delivered, with that attempt's failure
-			// (whose event was already emitted).
-			msg.Attempt--
-			if msg.Attempt == 0 {
-				p.rec.deadLetter(msg, 0, abortCode(ctx), false, abortReason(ctx), context.Cause(ctx), false)
-			} else {
-				p.rec.deadLetter(msg, 0, last.code, last.retryable, abortReason(ctx), last.err, false)
-			}
-			return
-		}
-		err, timedOut, took := p.attempt(ctx, msg)
-		if err == nil {
-			if p.dedup != nil {
-				p.record(&d)
-			}
-			p.rec.delivered(msg, took)
-			return
-		}
-		s := p.judge(ctx, msg, err, timedOut, took)
-		if s.outcome == OutcomeDeadLettered {
-			p.rec.deadLetter(msg, s.took, s.code, s.retryable, s.reason, s.err, true)
-			return
-		}
-		p.rec.retrying(msg, s.took, s.code, s.delay, s.err)
-		last = s
-		sleep(ctx, s.delay) // cut short when ctx ends; the check above handles it
+	p.rec.deadLetter(msg, 0, it.last.code, it.last.retryable, abortReason(ctx), it.last.err, false)
+}
+
+// overflow dead-letters it, shed from a full lane.
+func (p *pipeline) overflow(it *laneItem) {
+	msg := &it.env.msg
+	err := fmt.Errorf("%w: lane of %q on topic %q is full", ErrLaneFull, p.rec.subscriber, p.rec.topic)
+	if it.last != nil {
+		p.rec.deadLetter(msg, 0, it.last.code, it.last.retryable, ReasonOverflow, err, false)
+		return
 	}
+	p.rec.deadLetter(msg, 0, CodeOverflow, false, ReasonOverflow, err, false)
 }
 
 // prefetch asks for the default dedup store's memory for env, ahead of its
@@ -124,7 +170,7 @@ type dedupRef struct {
 // by its PublishedAt (the window is in publish time), and a redriven dead
 // letter by a clock read: it counts as published again when its redelivery
 // starts.
-func (p *pipeline) dedupKey(env *envelope) dedupRef {
+func (p *pipeline) dedupKey(env *envelope, redriven bool) dedupRef {
 	if p.mem == nil {
 		return dedupRef{key: DeliveryKey{Topic: p.rec.topic, Subscriber: p.rec.subscriber, MessageID: env.msg.ID}}
 	}
@@ -133,7 +179,7 @@ func (p *pipeline) dedupKey(env *envelope) dedupRef {
 		h = p.mem.hashID(env.msg.ID)
 	}
 	var now int64
-	if env.redriven() {
+	if redriven {
 		now = p.mem.now()
 	} else {
 		now = p.mem.since(env.msg.PublishedAt)

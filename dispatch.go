@@ -16,6 +16,8 @@ type topic struct {
 	c    topicCounters
 	subs atomic.Pointer[[]*Subscription] // routing snapshot, copy on write under mu
 
+	blockedOn atomic.Pointer[Subscription] // whose full lane the dispatcher waits for; nil when it does not
+
 	mu       sync.Mutex               // guards active, counters and writes to subs
 	active   map[string]*Subscription // by name, until Unsubscribe returns
 	counters map[string]*subCounters  // by name, kept forever
@@ -167,6 +169,18 @@ func minOf(xs []int, n int) int {
 	return m
 }
 
+// activeSubs returns the subscriptions that hold a name on the topic
+// (leaving ones included).
+func (t *topic) activeSubs() []*Subscription {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	subs := make([]*Subscription, 0, len(t.active))
+	for _, s := range t.active {
+		subs = append(subs, s)
+	}
+	return subs
+}
+
 // addSubLocked publishes a routing snapshot with s added.
 func (t *topic) addSubLocked(s *Subscription) {
 	old := *t.subs.Load()
@@ -200,6 +214,9 @@ func (t *topic) stats(now time.Time) TopicStats {
 		Queued:    q.Len,
 		Capacity:  t.q.Cap(),
 		OldestAge: age(now, q.Head.msg.PublishedAt, q.Len),
+	}
+	if s := t.blockedOn.Load(); s != nil {
+		ts.BlockedOn = s.name
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()

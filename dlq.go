@@ -16,6 +16,8 @@ const (
 	ReasonPermanent    = "permanent"    // the error was not retryable under the policy
 	ReasonShutdown     = "shutdown"     // Close's context ended before the message was finished
 	ReasonUnsubscribed = "unsubscribed" // Unsubscribe's context ended before the message was finished
+	ReasonOverflow     = "overflow"     // the subscriber's lane was full and its policy sheds (WhenLaneFull)
+	ReasonBudget       = "budget"       // a retryable failure when the subscriber's retry budget was spent (RetryBudget)
 )
 
 // DefaultDeadLetterCapacity is how many dead letters the default in-memory

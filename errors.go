@@ -28,6 +28,9 @@ var (
 	// ErrSubscriberNotFound is returned (joined) by Redrive when the
 	// subscriber that failed a dead letter is no longer subscribed.
 	ErrSubscriberNotFound = errors.New("broker: subscriber not found")
+	// ErrLaneFull is the error of a dead letter shed from a subscriber's
+	// full lane (reason "overflow").
+	ErrLaneFull = errors.New("broker: subscriber lane full")
 )
 
 // DrainError is returned by Close and Unsubscribe when their context ended

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,7 +42,9 @@ func (j *journal) print(subs ...string) {
 }
 
 // The article's worked example: order.created goes to billing and
-// inventory; inventory fails once and succeeds on its retry.
+// inventory; inventory fails once and succeeds on its retry. While m-1
+// waits out its backoff, inventory goes on with m-2: a retry holds only its
+// message (and its Key, if it has one).
 func Example() {
 	b, err := broker.New(
 		broker.WithLogger(quiet),
@@ -83,8 +87,8 @@ func Example() {
 	// [billing] id=m-1 attempt=1 payload=order=1001 ok
 	// [billing] id=m-2 attempt=1 payload=order=1002 ok
 	// [inventory] id=m-1 attempt=1 simulated fail
-	// [inventory] id=m-1 attempt=2 ok
 	// [inventory] id=m-2 attempt=1 ok
+	// [inventory] id=m-1 attempt=2 ok
 	// inventory: delivered=2 attempts=3 retries=1 dead=0
 }
 
@@ -128,14 +132,16 @@ func ExampleRetryPolicy() {
 	_ = b.Close(context.Background())
 
 	dls, _ := b.DeadLetters().List(context.Background(), broker.DeadLetterFilter{})
+	// Oldest first is the order they failed in; print them by message ID.
+	slices.SortFunc(dls, func(a, b broker.DeadLetter) int { return strings.Compare(a.Message.ID, b.Message.ID) })
 	for _, dl := range dls {
 		fmt.Printf("%-5s code=%-9s attempts=%d reason=%s\n", dl.Message.ID, dl.ErrorCode, dl.Attempts, dl.Reason)
 	}
 	// Output:
-	// slow  code=timeout   attempts=4 reason=exhausted
 	// bad   code=invalid   attempts=1 reason=permanent
 	// busy  code=throttled attempts=6 reason=exhausted
 	// other code=error     attempts=3 reason=exhausted
+	// slow  code=timeout   attempts=4 reason=exhausted
 }
 
 // Reading dead letters, then redriving one to the subscriber that failed it

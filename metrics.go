@@ -26,7 +26,11 @@ type TopicStats struct {
 	Capacity  int    // topic queue capacity
 	// OldestAge is how long the oldest message in the topic queue has been
 	// waiting since it was published (0 when the queue is empty).
-	OldestAge   time.Duration
+	OldestAge time.Duration
+	// BlockedOn names the subscriber whose full lane the topic's dispatcher
+	// waits for now ("" when it does not wait). Its SubscriberStats.BlockedFor
+	// says for how long in total.
+	BlockedOn   string
 	Subscribers map[string]SubscriberStats // by subscriber name
 }
 
@@ -38,12 +42,27 @@ type TopicStats struct {
 type SubscriberStats struct {
 	Active      bool // subscribed now
 	Concurrency int  // workers (0 when not active)
-	Queued      int  // messages waiting in the subscriber's lane
-	InFlight    int  // messages taken from the lane and not finished (running, or waiting to retry)
-	Capacity    int  // lane capacity (0 when not active)
+	// Queued is the messages in the subscriber's lane that no worker runs
+	// now: waiting for a worker, held behind an earlier message of their
+	// ordering key (Held), or parked until their retry's backoff ends
+	// (Parked). They count against Capacity.
+	Queued   int
+	Held     int // of Queued: waiting behind an earlier message of their ordering key
+	Parked   int // of Queued: failed, waiting out the backoff before their retry
+	InFlight int // messages a worker runs now (or waits for a rate-limit token for), or being dead-lettered
+	Capacity int // lane capacity (0 when not active)
 	// OldestAge is how long the oldest message waiting in the lane has been
 	// waiting since it was published (0 when the lane is empty).
 	OldestAge time.Duration
+	// Breaker is the circuit breaker's state (BreakerNone without one).
+	Breaker BreakerState
+	// RetryBudgetLeft is how many retries the retry budget allows now; -1
+	// without a budget.
+	RetryBudgetLeft int
+	// BlockedFor is the total time the topic's dispatcher waited for room
+	// in this subscriber's lane (under the Block policy): the time this
+	// subscriber held up the topic.
+	BlockedFor time.Duration
 
 	Routed       uint64 // messages handed to this subscriber (dispatches, redrives included)
 	Delivered    uint64 // messages whose handler returned nil
@@ -193,7 +212,8 @@ type subCounters struct {
 	deadLettered atomic.Uint64
 	deduplicated atomic.Uint64
 	dlErrors     atomic.Uint64
-	inFlight     atomic.Int64 // outside the workers' loop; theirs are in their lanes
+	inFlight     atomic.Int64 // being dead-lettered outside the lane (shed, or stopped); the workers' are in the lane
+	blocked      atomic.Int64 // nanoseconds the topic's dispatcher waited for room in the lane
 	_            [cacheLine - 8]byte
 }
 
@@ -210,6 +230,8 @@ func (c *subCounters) snapshot() SubscriberStats {
 		DeadLettered:     c.deadLettered.Load(),
 		Deduplicated:     c.deduplicated.Load(),
 		DeadLetterErrors: c.dlErrors.Load(),
+		BlockedFor:       time.Duration(c.blocked.Load()),
+		RetryBudgetLeft:  -1,
 	}
 }
 

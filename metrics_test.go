@@ -75,12 +75,16 @@ func TestObserverEvents(t *testing.T) {
 		}
 		require.NoError(t, b.Publish(context.Background(), Message{ID: "lost", Topic: "nobody"}))
 		step("published nobody/lost", "unrouted nobody/lost")
+		release := make(chan struct{})
 		_, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
-			if m.ID == "bad" {
+			switch m.ID {
+			case "bad":
 				return errBoom
+			case "hold":
+				<-release
 			}
 			return nil
-		})
+		}, LaneSize(2)) // "bad", parked, and "q1"
 		require.NoError(t, err)
 		require.NoError(t, b.Publish(context.Background(), Message{ID: "ok", Topic: "t"}))
 		step("published t/ok", `attempt t/s/ok #1 code="" retryable=false outcome=delivered delay=0s published=true`)
@@ -88,20 +92,24 @@ func TestObserverEvents(t *testing.T) {
 		step("published t/ok", `attempt t/s/ok #0 code="" retryable=false outcome=deduplicated delay=0s published=true`)
 		require.NoError(t, b.Publish(context.Background(), Message{ID: "bad", Topic: "t"}))
 		step("published t/bad", `attempt t/s/bad #1 code="error" retryable=true outcome=retry delay=1s published=true`)
-		require.NoError(t, b.Publish(context.Background(), Message{ID: "q1", Topic: "t"})) // lane
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "hold", Topic: "t"})) // the worker
+		step("published t/hold")
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "q1", Topic: "t"})) // lane, beside "bad"
 		step("published t/q1")
 		require.NoError(t, b.Publish(context.Background(), Message{ID: "q2", Topic: "t"})) // topic queue
 		require.Error(t, b.Publish(context.Background(), Message{ID: "full", Topic: "t"}))
 		step("published t/q2", "rejected t/full")
+		close(release)
 		time.Sleep(2 * time.Second)
 		idle()
 		log.mu.Lock()
 		defer log.mu.Unlock()
-		assert.Equal(t, []string{ // one worker, in order
-			`attempt t/s/bad #2 code="error" retryable=true outcome=dead_lettered delay=0s published=true`,
-			"dead letter s/bad reason=exhausted stored=true",
+		assert.Equal(t, []string{ // one worker, in order: "bad" parked, the others do not wait for it
+			`attempt t/s/hold #1 code="" retryable=false outcome=delivered delay=0s published=true`,
 			`attempt t/s/q1 #1 code="" retryable=false outcome=delivered delay=0s published=true`,
 			`attempt t/s/q2 #1 code="" retryable=false outcome=delivered delay=0s published=true`,
+			`attempt t/s/bad #2 code="error" retryable=true outcome=dead_lettered delay=0s published=true`,
+			"dead letter s/bad reason=exhausted stored=true",
 		}, log.events)
 	})
 }

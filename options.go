@@ -130,14 +130,22 @@ type subConfig struct {
 	laneSize    int
 	timeout     time.Duration
 	policy      *RetryPolicy
+	ordered     bool
+	whenFull    FullLanePolicy
+	breaker     *BreakerPolicy
+	budget      *RetryBudgetPolicy
+	rate        float64 // attempts per second; 0: no limit
+	burst       int
 }
 
 // MaxConcurrency is the most workers one subscriber may have.
 const MaxConcurrency = 1 << 16
 
 // Concurrency sets how many workers run the subscriber's handler
-// (1 <= n <= MaxConcurrency; default 1). Messages with the same Key (or,
-// without a Key, the same ID) always go to the same worker, in order.
+// (1 <= n <= MaxConcurrency; default 1). Any idle worker takes the oldest
+// message whose ordering key is free: two messages with one Key never run
+// at once, and the later never starts before the earlier ended; two
+// messages with one ID never run at once either.
 func Concurrency(n int) SubscribeOption {
 	return func(c *subConfig) error {
 		if n < 1 || n > MaxConcurrency {
@@ -149,15 +157,31 @@ func Concurrency(n int) SubscribeOption {
 }
 
 // LaneSize sets the capacity of the subscriber's lane, the messages routed
-// to it and not yet taken by a worker (1 <= n <= MaxQueueSize; default the
-// broker's queue size). With Concurrency(k) each worker holds ceil(n/k) of
-// them.
+// to it that no worker runs now — queued, held behind their key, or parked
+// until a retry (1 <= n <= MaxQueueSize; default the broker's queue size).
+// WhenLaneFull says what happens to a message that does not fit.
 func LaneSize(n int) SubscribeOption {
 	return func(c *subConfig) error {
 		if n < 1 || n > MaxQueueSize {
 			return fmt.Errorf("%w: lane size %d outside 1..%d", ErrInvalidOption, n, MaxQueueSize)
 		}
 		c.laneSize = n
+		return nil
+	}
+}
+
+// Ordered makes the topic the ordering key of the subscriber's keyless
+// messages: strict FIFO through retries. A failed keyless message then holds
+// every keyless message behind it until it ends (delivered or
+// dead-lettered), at the cost of isolation: one failing message delays the
+// rest, and under Block its backlog reaches the topic's publishers (the
+// full-lane policy, the breaker and the retry budget decide what gives).
+// Without Ordered a keyless message is ordered only by dispatch, and a
+// retry does not hold the messages behind it. Messages with a Key are
+// ordered by their Key either way.
+func Ordered() SubscribeOption {
+	return func(c *subConfig) error {
+		c.ordered = true
 		return nil
 	}
 }

@@ -20,6 +20,9 @@ const (
 	// Close or Unsubscribe cut off before any attempt ended with an error.
 	CodeShutdown     = "shutdown"
 	CodeUnsubscribed = "unsubscribed"
+	// CodeOverflow marks dead letters shed from a full lane before any
+	// attempt failed.
+	CodeOverflow = "overflow"
 )
 
 // Defaults of the retry policy.

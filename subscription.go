@@ -3,7 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
-	"hash/maphash"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,16 +12,17 @@ import (
 )
 
 // Subscription is one subscriber on one topic: a name, a handler, a lane of
-// messages routed to it and its workers. It is created by Subscribe and
-// ended by Unsubscribe or Broker.Close.
+// messages routed to it (see lane.go) and its workers. It is created by
+// Subscribe and ended by Unsubscribe or Broker.Close.
 type Subscription struct {
-	b     *Broker
-	t     *topic
-	name  string
-	lanes []*queue.Queue[envelope] // one per worker
-	seed  maphash.Seed
-	pipe  pipeline
-	c     *subCounters
+	b       *Broker
+	t       *topic
+	name    string
+	lane    *lane
+	workers int
+	limiter *tokenBucket // nil: no rate limit
+	pipe    pipeline
+	c       *subCounters
 
 	ctx    context.Context         // handlers' base context; cancelled to stop at once
 	cancel context.CancelCauseFunc // with errShutdown or errUnsubscribed
@@ -85,17 +86,19 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 		t.counters[name] = c
 	}
 	s := &Subscription{
-		b: b, t: t, name: name, seed: b.seed, c: c,
-		lanes:    make([]*queue.Queue[envelope], sc.concurrency),
+		b: b, t: t, name: name, c: c, workers: sc.concurrency,
 		done:     make(chan struct{}),
 		unsubbed: make(chan struct{}),
 	}
-	per := sc.laneSize / sc.concurrency
-	if sc.laneSize%sc.concurrency != 0 {
-		per++
+	var br *breaker
+	if sc.breaker != nil {
+		br = newBreaker(*sc.breaker)
 	}
-	for i := range s.lanes {
-		s.lanes[i] = queue.New[envelope](per)
+	s.lane = newLane(sc.laneSize, sc.whenFull, sc.ordered, br)
+	s.lane.shed = &c.inFlight
+	s.lane.onBreaker = s.breakerChanged
+	if sc.rate > 0 {
+		s.limiter = newTokenBucket(sc.rate, sc.burst)
 	}
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
 	s.pipe = pipeline{
@@ -109,6 +112,9 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	if sc.concurrency > 1 {
 		s.pipe.guard = newIDGuard()
 	}
+	if sc.budget != nil {
+		s.pipe.budget = newRetryBudget(*sc.budget)
+	}
 	if b.mem != nil {
 		s.pipe.mem, s.pipe.salt = b.mem, b.mem.salt(topicName, name)
 	}
@@ -116,93 +122,99 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	t.addSubLocked(s)
 	s.live.Store(int32(sc.concurrency))
 	b.wg.Add(sc.concurrency)
-	for _, lane := range s.lanes {
-		go s.work(lane)
+	for range sc.concurrency {
+		go s.work()
 	}
 	return s, nil
 }
 
-// workBatch is how many messages a worker takes from its lane under one
-// lock.
-const workBatch = 64
-
-// prefetchAhead is how many messages ahead of the one it delivers a worker
-// asks for the dedup store's memory.
-const prefetchAhead = 2
-
-// work is one worker: it delivers what its lane holds until the lane is
-// closed and empty, or the subscription is stopped at once; then it
-// dead-letters what is left.
-func (s *Subscription) work(lane *queue.Queue[envelope]) {
+// work is one worker: it takes the next message a worker may run from the
+// lane, runs its turn (one attempt), and hands it back to the lane, which
+// parks it for its retry or frees its ordering key. It returns when the
+// lane is closed and finished, or stopped at once.
+func (s *Subscription) work() {
 	defer s.b.wg.Done()
 	defer func() {
 		if s.live.Add(-1) == 0 {
 			close(s.done)
 		}
 	}()
-	stop := s.ctx.Done()
 	for {
-		// Up to a batch of messages under one lock, delivered from the lane
-		// in place; each leaves the lane's count as its delivery starts.
-		view, ok := lane.TakeWait(stop, workBatch)
-		if !ok {
-			break
-		}
-		for i := range view {
-			if i+prefetchAhead < len(view) {
-				s.pipe.prefetch(&view[i+prefetchAhead])
-			}
-			env := view[i] // the pipeline writes Attempt: a copy of its own
-			lane.Taken()   // out of the lane's count, in flight (in its hands)
-			s.pipe.deliver(s.ctx, &env)
-			lane.Done() // no longer in flight
-		}
-	}
-	if s.ctx.Err() == nil {
-		return // closed and drained
-	}
-	lane.Close() // no more pushes: what is queued now is all that is left
-	for {
-		env, ok := lane.Pop()
+		it, probe, ok := s.lane.take()
 		if !ok {
 			return
 		}
-		s.c.inFlight.Add(1)
-		s.pipe.deliver(s.ctx, &env) // ctx is done: dead-letters at once
+		if s.limiter != nil {
+			s.limiter.wait(s.ctx) // cut short by a stop: the turn dead-letters it
+		}
+		r := s.pipe.turn(s.ctx, &it)
+		from, to, orphan := s.lane.finish(&it, r.ended, r.delay, r.health, probe)
+		if to != "" {
+			s.breakerChanged(from, to)
+		}
+		if orphan {
+			s.pipe.cutOff(s.ctx, &it)
+			s.lane.dropped()
+		}
+	}
+}
+
+// stopNow dead-letters every message waiting in the lane, after its
+// context was cancelled with the reason: the workers return after their
+// current attempt.
+func (s *Subscription) stopNow() {
+	items := s.lane.stop(func(n int) { s.c.inFlight.Add(int64(n)) })
+	for i := range items {
+		s.pipe.cutOff(s.ctx, &items[i])
 		s.c.inFlight.Add(-1)
 	}
 }
 
-// lane picks the worker lane for msg: by Key, or by ID without one.
-func (s *Subscription) lane(msg *Message) *queue.Queue[envelope] {
-	if len(s.lanes) == 1 {
-		return s.lanes[0]
+// breakerChanged reports a transition of the subscriber's circuit breaker.
+func (s *Subscription) breakerChanged(from, to BreakerState) {
+	ev := BreakerEvent{Topic: s.t.name, Subscriber: s.name, From: from, To: to, At: time.Now()}
+	level := slog.LevelInfo
+	if to == BreakerOpen {
+		level = slog.LevelWarn
+		s.lane.mu.Lock()
+		ev.OpenFor = s.lane.br.openFor
+		s.lane.mu.Unlock()
 	}
-	return s.lanes[maphash.String(s.seed, msg.orderingKey())%uint64(len(s.lanes))]
+	s.b.cfg.logger.LogAttrs(context.Background(), level, "broker: circuit breaker "+string(to),
+		slog.String("topic", s.t.name), slog.String("subscriber", s.name),
+		slog.String("from", string(from)), slog.String("to", string(to)), slog.Duration("open_for", ev.OpenFor))
+	if o, ok := s.b.cfg.obs.(BreakerObserver); ok {
+		o.BreakerChanged(ev)
+	}
 }
 
-// route hands env to the subscriber, waiting for room in its lane until
-// cancel is closed or deadline fires (either may be nil); beforeWait, if not
-// nil, runs before it waits. It returns nil once
-// the message is the subscriber's responsibility: queued in its lane, or
-// dead-lettered because the subscription is stopping at once. A queue error
-// means it was not routed.
+// route hands env to the subscriber, waiting for room in its lane (under
+// Block) until cancel is closed or deadline fires (either may be nil);
+// beforeWait, if not nil, runs before it waits. It returns nil once the
+// message is the subscriber's responsibility: in its lane, dead-lettered
+// because it did not fit (DeadLetterNewest), or dead-lettered because the
+// subscription is stopping at once. A queue error means it was not routed.
 func (s *Subscription) route(env *envelope, cancel <-chan struct{}, deadline <-chan time.Time, beforeWait func()) error {
 	s.c.routed.Add(1)
-	lane := s.lane(&env.msg)
-	err := lane.TryPush(*env)
+	it := newItem(env)
+	victim, shed, err := s.lane.push(it)
 	if err == queue.ErrFull {
-		if beforeWait != nil {
-			beforeWait()
-		}
-		err = lane.PushWait(*env, s.ctx.Done(), cancel, deadline)
+		victim, shed, err = s.lane.pushWait(it, s.ctx.Done(), cancel, deadline, func() {
+			if beforeWait != nil {
+				beforeWait()
+			}
+			s.t.blockedOn.Store(s)
+		}, s.blocked)
+	}
+	if shed {
+		s.pipe.overflow(&victim)
+		s.c.inFlight.Add(-1) // counted by the lane as it shed it
 	}
 	if err != nil && err != queue.ErrTimeout && !s.removed.Load() && stoppedAtOnce(s.ctx) {
 		// Stopped at once while this message was on its way: it is this
 		// subscriber's, so it ends as a dead letter rather than vanishing.
-		own := *env // env may be in the topic queue, which deliver must not write
 		s.c.inFlight.Add(1)
-		s.pipe.deliver(s.ctx, &own)
+		s.pipe.cutOff(s.ctx, &it)
 		s.c.inFlight.Add(-1)
 		return nil
 	}
@@ -212,28 +224,23 @@ func (s *Subscription) route(env *envelope, cancel <-chan struct{}, deadline <-c
 	return err
 }
 
+// blocked adds d to the time the dispatcher waited for room in the lane.
+func (s *Subscription) blocked(d time.Duration) {
+	s.t.blockedOn.CompareAndSwap(s, nil)
+	s.c.blocked.Add(int64(d))
+}
+
 // tryRouteN hands the subscriber as many of envs, in order, as fit in its
-// lanes without waiting, and returns how many; it stops at the first that
-// does not fit (or meets a closed lane), leaving it to route.
+// lane without waiting or shedding, and returns how many; it stops at the
+// first that does not fit (or meets a closed lane), leaving it to route.
 func (s *Subscription) tryRouteN(envs []envelope) int {
 	s.c.routed.Add(uint64(len(envs)))
-	k := 0
-	if len(s.lanes) == 1 {
-		k, _ = s.lanes[0].TryPushN(envs)
-	} else {
-		for k < len(envs) && s.lane(&envs[k].msg).TryPush(envs[k]) == nil {
-			k++
-		}
-	}
+	k, _ := s.lane.pushN(envs)
 	s.c.routed.Add(-uint64(len(envs) - k))
 	return k
 }
 
-func (s *Subscription) closeLanes() {
-	for _, lane := range s.lanes {
-		lane.Close()
-	}
-}
+func (s *Subscription) closeLanes() { s.lane.close() }
 
 func (s *Subscription) countDeadLetter(reason string) {
 	switch reason {
@@ -244,16 +251,19 @@ func (s *Subscription) countDeadLetter(reason string) {
 	}
 }
 
-// fill adds the subscription's queues to st.
+// fill adds the subscription's lane to st.
 func (s *Subscription) fill(st *SubscriberStats, now time.Time) {
+	ls := s.lane.stats()
 	st.Active = true
-	st.Concurrency = len(s.lanes)
-	for _, lane := range s.lanes {
-		q := lane.Snapshot()
-		st.Queued += q.Len
-		st.InFlight += q.InHand
-		st.Capacity += lane.Cap()
-		st.OldestAge = max(st.OldestAge, age(now, q.Head.msg.PublishedAt, q.Len))
+	st.Concurrency = s.workers
+	st.Queued = ls.queued + ls.held + ls.parked
+	st.Held, st.Parked = ls.held, ls.parked
+	st.InFlight += ls.running
+	st.Capacity = s.lane.capacity
+	st.OldestAge = age(now, ls.oldest, 1)
+	st.Breaker = ls.breaker
+	if s.pipe.budget != nil {
+		st.RetryBudgetLeft = s.pipe.budget.left(now)
 	}
 }
 
@@ -292,6 +302,7 @@ func (s *Subscription) Unsubscribe(ctx context.Context) error {
 	case <-s.done:
 	case <-ctx.Done():
 		s.cancel(errUnsubscribed)
+		s.stopNow()
 		<-s.done
 	}
 	s.cancel(errReleased) // no-op after an abort; else marks a graceful end

@@ -1,0 +1,223 @@
+package broker
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/inproc/broker/internal/slide"
+)
+
+// BreakerState is the state of a subscriber's circuit breaker.
+type BreakerState string
+
+// Breaker states. A subscriber without a breaker reports BreakerNone.
+const (
+	BreakerNone     BreakerState = ""          // no breaker configured
+	BreakerClosed   BreakerState = "closed"    // attempts run as usual
+	BreakerOpen     BreakerState = "open"      // no attempts: messages wait in the lane
+	BreakerHalfOpen BreakerState = "half_open" // one probe attempt decides
+)
+
+// Defaults of BreakerPolicy's zero fields.
+const (
+	DefaultBreakerFailures    = 5                // consecutive retryable failures that trip it, when no rule is set
+	DefaultBreakerWindow      = 10 * time.Second // FailureRatio's window
+	DefaultBreakerMinAttempts = 20               // attempts in the window before FailureRatio applies
+	DefaultBreakerOpenFor     = time.Second      // the first open interval
+	DefaultBreakerMaxOpenFor  = time.Minute      // the longest open interval
+)
+
+// BreakerPolicy configures a subscriber's circuit breaker (see
+// CircuitBreaker). It trips on retryable failures only: a Permanent error
+// or a panic says something about the message, not about what the handler
+// depends on. Zero fields take the Default values; with neither Failures
+// nor FailureRatio set, it trips after DefaultBreakerFailures failures in a
+// row.
+type BreakerPolicy struct {
+	// Failures trips the breaker after this many retryable failures in a
+	// row (a success resets the run).
+	Failures int
+	// FailureRatio trips the breaker when retryable failures are at least
+	// this share (0 < r <= 1) of the attempts over Window, once Window
+	// holds MinAttempts attempts.
+	FailureRatio float64
+	Window       time.Duration
+	MinAttempts  int
+	// OpenFor is how long the breaker stays open the first time; each
+	// failed probe doubles it, up to MaxOpenFor. A successful probe closes
+	// the breaker and resets it to OpenFor.
+	OpenFor    time.Duration
+	MaxOpenFor time.Duration
+}
+
+// CircuitBreaker gives the subscriber a circuit breaker. While it is open
+// the subscriber makes no attempts and burns none: its messages wait in its
+// lane (where the full-lane policy applies: Block pushes back on the
+// topic's publishers, a dead-letter policy sheds with reason "overflow"),
+// and retries that come due wait too. After the open interval one probe
+// attempt decides: success closes it, a retryable failure opens it again
+// for twice as long (capped). Its state is in SubscriberStats.Breaker; each
+// transition is logged and passed to an Observer that implements
+// BreakerObserver.
+func CircuitBreaker(p BreakerPolicy) SubscribeOption {
+	return func(c *subConfig) error {
+		p, err := p.normalized()
+		if err != nil {
+			return err
+		}
+		c.breaker = &p
+		return nil
+	}
+}
+
+func (p BreakerPolicy) normalized() (BreakerPolicy, error) {
+	switch {
+	case p.Failures < 0:
+		return p, fmt.Errorf("%w: breaker Failures %d < 0", ErrInvalidOption, p.Failures)
+	case p.FailureRatio < 0 || p.FailureRatio > 1 || p.FailureRatio != p.FailureRatio:
+		return p, fmt.Errorf("%w: breaker FailureRatio %v outside 0..1", ErrInvalidOption, p.FailureRatio)
+	case p.Window < 0 || p.OpenFor < 0 || p.MaxOpenFor < 0 || p.MinAttempts < 0:
+		return p, fmt.Errorf("%w: breaker durations and MinAttempts must not be negative", ErrInvalidOption)
+	}
+	if p.Failures == 0 && p.FailureRatio == 0 {
+		p.Failures = DefaultBreakerFailures
+	}
+	if p.Window == 0 {
+		p.Window = DefaultBreakerWindow
+	}
+	if p.MinAttempts == 0 {
+		p.MinAttempts = DefaultBreakerMinAttempts
+	}
+	if p.OpenFor == 0 {
+		p.OpenFor = DefaultBreakerOpenFor
+	}
+	if p.MaxOpenFor == 0 {
+		p.MaxOpenFor = max(DefaultBreakerMaxOpenFor, p.OpenFor)
+	}
+	if p.MaxOpenFor < p.OpenFor {
+		return p, fmt.Errorf("%w: breaker MaxOpenFor %v < OpenFor %v", ErrInvalidOption, p.MaxOpenFor, p.OpenFor)
+	}
+	return p, nil
+}
+
+// BreakerEvent describes a circuit breaker's transition.
+type BreakerEvent struct {
+	Topic, Subscriber string
+	From, To          BreakerState
+	OpenFor           time.Duration // how long it stays open (To == BreakerOpen)
+	At                time.Time
+}
+
+// BreakerObserver is an Observer that also wants circuit breaker
+// transitions. It is a separate interface so that Observers written before
+// breakers existed still compile.
+type BreakerObserver interface {
+	BreakerChanged(BreakerEvent)
+}
+
+// health is what an attempt says about the subscriber, for its breaker.
+type health int8
+
+const (
+	healthNone health = iota // no attempt ran, or its error was not retryable
+	healthOK                 // the handler succeeded
+	healthFail               // a retryable failure
+)
+
+// breaker is a subscriber's circuit breaker. Its lane's mutex guards it;
+// arm is called to start the open interval's timer.
+type breaker struct {
+	p       BreakerPolicy
+	state   BreakerState
+	run     int           // retryable failures in a row
+	win     *slide.Window // retryable failures (A) and attempts (B), for FailureRatio
+	openFor time.Duration // the current (or next) open interval
+	probing bool          // a probe attempt is running (half open)
+	timer   *time.Timer   // ends the open interval
+	trips   uint64        // times it opened
+}
+
+func newBreaker(p BreakerPolicy) *breaker {
+	return &breaker{p: p, state: BreakerClosed, win: slide.New(p.Window), openFor: p.OpenFor}
+}
+
+// allows reports whether a worker may take a message now.
+func (b *breaker) allows() bool {
+	return b.state == BreakerClosed || (b.state == BreakerHalfOpen && !b.probing)
+}
+
+// took notes that a worker took a message; it returns true when that
+// message is the half-open breaker's probe.
+func (b *breaker) took() bool {
+	if b.state == BreakerHalfOpen {
+		b.probing = true
+		return true
+	}
+	return false
+}
+
+// record notes an attempt's health and returns the state the breaker moves
+// to ("" when it stays). An attempt that started before the breaker opened
+// and ends after does not count.
+func (b *breaker) record(h health, probe bool, now time.Time) BreakerState {
+	if probe {
+		b.probing = false
+		switch h {
+		case healthOK:
+			return b.close()
+		case healthFail:
+			b.openFor = min(2*b.openFor, b.p.MaxOpenFor)
+			return b.open()
+		}
+		return "" // no verdict: the next message probes
+	}
+	if b.state != BreakerClosed || h == healthNone {
+		return ""
+	}
+	fail := uint64(0)
+	if h == healthFail {
+		fail = 1
+		b.run++
+	} else {
+		b.run = 0
+	}
+	b.win.Add(now, fail, 1)
+	if b.p.Failures > 0 && b.run >= b.p.Failures {
+		return b.open()
+	}
+	if b.p.FailureRatio > 0 {
+		fails, attempts := b.win.Sums(now)
+		if attempts >= uint64(b.p.MinAttempts) && float64(fails) >= b.p.FailureRatio*float64(attempts) {
+			return b.open()
+		}
+	}
+	return ""
+}
+
+func (b *breaker) open() BreakerState {
+	b.state = BreakerOpen
+	b.trips++
+	return BreakerOpen
+}
+
+func (b *breaker) close() BreakerState {
+	b.state, b.run, b.openFor = BreakerClosed, 0, b.p.OpenFor
+	b.win.Reset()
+	return BreakerClosed
+}
+
+// halfOpen ends the open interval; it reports whether the state changed.
+func (b *breaker) halfOpen() bool {
+	if b.state != BreakerOpen {
+		return false
+	}
+	b.state = BreakerHalfOpen
+	return true
+}
+
+func (b *breaker) stopTimer() {
+	if b.timer != nil {
+		b.timer.Stop()
+		b.timer = nil
+	}
+}

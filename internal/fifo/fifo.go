@@ -1,0 +1,74 @@
+// Package fifo provides a plain first-in, first-out buffer: a ring that
+// grows by doubling and is not safe for concurrent use (its owner holds a
+// lock). A subscriber's lane keeps its ready messages and each held key's
+// waiting messages in one.
+package fifo
+
+// minSize is the ring size of the first push.
+const minSize = 8
+
+// Ring is a FIFO of T. The zero value is empty and ready to use.
+type Ring[T any] struct {
+	buf  []T
+	head int // index of the oldest item
+	n    int // items held
+}
+
+// Len returns how many items the ring holds.
+func (r *Ring[T]) Len() int { return r.n }
+
+// Push appends v.
+func (r *Ring[T]) Push(v T) {
+	if r.n == len(r.buf) {
+		r.grow()
+	}
+	r.buf[r.index(r.n)] = v
+	r.n++
+}
+
+// Pop removes and returns the oldest item; ok is false when the ring is
+// empty.
+func (r *Ring[T]) Pop() (v T, ok bool) {
+	if r.n == 0 {
+		return v, false
+	}
+	v = r.buf[r.head]
+	var zero T
+	r.buf[r.head] = zero // drop references for the garbage collector
+	r.head = r.index(1)
+	r.n--
+	return v, true
+}
+
+// Front returns a pointer to the oldest item, valid until the next Push or
+// Pop; nil when the ring is empty.
+func (r *Ring[T]) Front() *T {
+	if r.n == 0 {
+		return nil
+	}
+	return &r.buf[r.head]
+}
+
+// At returns a pointer to item i (0 is the oldest), valid until the next
+// Push or Pop. It panics if i is out of range, like a slice index.
+func (r *Ring[T]) At(i int) *T {
+	if i < 0 || i >= r.n {
+		panic("fifo: index out of range")
+	}
+	return &r.buf[r.index(i)]
+}
+
+func (r *Ring[T]) index(i int) int {
+	i += r.head
+	if i >= len(r.buf) {
+		i -= len(r.buf)
+	}
+	return i
+}
+
+func (r *Ring[T]) grow() {
+	nb := make([]T, max(2*len(r.buf), minSize))
+	k := copy(nb, r.buf[r.head:])
+	copy(nb[k:], r.buf[:r.head])
+	r.buf, r.head = nb, 0
+}

@@ -1,0 +1,50 @@
+package fifo
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// The ring against a slice model, through growth and wrap-around.
+func TestRingIsFIFO(t *testing.T) {
+	var r Ring[int]
+	var model []int
+	next := 0
+	for step := range 2000 {
+		if step%3 != 2 || len(model) == 0 {
+			r.Push(next)
+			model = append(model, next)
+			next++
+		} else {
+			v, ok := r.Pop()
+			if !ok || v != model[0] {
+				t.Fatalf("step %d: Pop = %d, %v; want %d", step, v, ok, model[0])
+			}
+			model = model[1:]
+		}
+		if r.Len() != len(model) {
+			t.Fatalf("step %d: Len = %d, want %d", step, r.Len(), len(model))
+		}
+		for i, want := range model {
+			if got := *r.At(i); got != want {
+				t.Fatalf("step %d: At(%d) = %d, want %d", step, i, got, want)
+			}
+		}
+		if len(model) > 0 && *r.Front() != model[0] {
+			t.Fatalf("step %d: Front = %d, want %d", step, *r.Front(), model[0])
+		}
+	}
+	for len(model) > 0 {
+		v, _ := r.Pop()
+		if v != model[0] {
+			t.Fatalf("drain: %d, want %d", v, model[0])
+		}
+		model = model[1:]
+	}
+	if _, ok := r.Pop(); ok || r.Front() != nil {
+		t.Fatal("empty ring returned an item")
+	}
+}

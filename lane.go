@@ -1,0 +1,513 @@
+package broker
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inproc/broker/internal/fifo"
+	"github.com/inproc/broker/internal/queue"
+)
+
+// This file is a subscriber's lane: the messages routed to it and not yet
+// finished, in four states.
+//
+//	routed ──► queued ──► running ──► (delivered, deduplicated, dead-lettered)
+//	  │          ▲           │
+//	  ▼          │           ▼ failed, will be retried
+//	held ────────┘        parked ──(backoff ends)──► queued
+//
+// Queued messages wait for any idle worker, in arrival order. A message
+// whose ordering key (see orderingKey) is taken by an earlier message —
+// queued, running or parked — is held behind it, in order, and queued when
+// the earlier one ends. A failed attempt that will be retried parks on a
+// timer, keeping its key, and its worker goes on with the next queued
+// message. Queued, held and parked messages count against the lane's
+// capacity; what happens to a message that does not fit is the
+// subscriber's FullLanePolicy.
+
+// FullLanePolicy is what a subscriber's lane does with a message routed to
+// it when it is full (its queued, held and parked messages reach its
+// capacity).
+type FullLanePolicy int
+
+const (
+	// Block makes the topic's dispatcher wait for room: the subscriber's
+	// backlog pushes back on the topic's publishers (Publish waits, then
+	// returns ErrQueueFull), and on its other subscribers. The default.
+	Block FullLanePolicy = iota
+	// DeadLetterNewest dead-letters the message that does not fit, with
+	// reason "overflow", at this subscriber only; the topic flows on.
+	DeadLetterNewest
+	// DeadLetterOldest makes room by dead-lettering the oldest message
+	// waiting in the lane (queued first, then held, then parked), with
+	// reason "overflow", at this subscriber only; the topic flows on.
+	DeadLetterOldest
+)
+
+func (p FullLanePolicy) String() string {
+	switch p {
+	case Block:
+		return "block"
+	case DeadLetterNewest:
+		return "dead_letter_newest"
+	case DeadLetterOldest:
+		return "dead_letter_oldest"
+	}
+	return fmt.Sprintf("FullLanePolicy(%d)", int(p))
+}
+
+// WhenLaneFull sets what the subscriber's lane does with a message that does
+// not fit (default Block). Block keeps every message and slows the topic;
+// the dead-letter policies keep the topic flowing and shed at this
+// subscriber only, each shed message a dead letter that can be redriven.
+func WhenLaneFull(p FullLanePolicy) SubscribeOption {
+	return func(c *subConfig) error {
+		if p < Block || p > DeadLetterOldest {
+			return fmt.Errorf("%w: unknown full-lane policy %d", ErrInvalidOption, int(p))
+		}
+		c.whenFull = p
+		return nil
+	}
+}
+
+// laneItem is a message in a lane.
+type laneItem struct {
+	env      envelope // env.msg.Attempt: the attempts made so far
+	redriven bool     // a redriven dead letter: no dedup check
+	last     *step    // the failure that parked it; nil before any
+}
+
+// parked is a message waiting out its backoff.
+type parked struct {
+	it    laneItem
+	timer *time.Timer
+}
+
+// lane is a subscriber's messages and what its workers may take. Every
+// field is guarded by mu.
+type lane struct {
+	mu       sync.Mutex
+	work     sync.Cond // workers wait here for a message
+	capacity int
+	policy   FullLanePolicy
+	ordered  bool // keyless messages share one ordering key
+
+	queued  fifo.Ring[laneItem]
+	keys    map[string]*fifo.Ring[laneItem] // held ordering keys → the messages waiting behind (nil: none)
+	held    int                             // messages waiting behind a key
+	parked  map[*parked]struct{}
+	running int
+	idle    int // workers waiting on work
+
+	closed  bool          // no more pushes; workers finish what is left
+	stopped bool          // stopped at once: workers return, the stopper dead-letters the rest
+	room    chan struct{} // closed when room appears; nil while no producer waits
+	br      *breaker      // nil: none
+	shed    *atomic.Int64 // the subscriber's in-flight count: a shed message counts there until it is dead-lettered
+
+	// onBreaker is called, without the lock, when the breaker's open
+	// interval ends (set by the subscription).
+	onBreaker func(from, to BreakerState)
+}
+
+func newLane(capacity int, policy FullLanePolicy, ordered bool, br *breaker) *lane {
+	l := &lane{
+		capacity: capacity, policy: policy, ordered: ordered, br: br,
+		keys:   make(map[string]*fifo.Ring[laneItem]),
+		parked: make(map[*parked]struct{}),
+	}
+	l.work.L = &l.mu
+	return l
+}
+
+// orderingKey returns the message's ordering key: its Key; for a keyless
+// message, "" when the lane is ordered (the topic is the key), or none.
+func (l *lane) orderingKey(m *Message) (string, bool) {
+	if m.Key != "" {
+		return m.Key, true
+	}
+	return "", l.ordered
+}
+
+// waiting is how many messages count against the capacity.
+func (l *lane) waitingLocked() int { return l.queued.Len() + l.held + len(l.parked) }
+
+// push adds it if there is room. When the lane is full it returns
+// queue.ErrFull under Block; under a dead-letter policy it makes the
+// message fit and returns the one shed (victim), which the caller
+// dead-letters with reason "overflow". After close or stop it returns
+// queue.ErrClosed.
+func (l *lane) push(it laneItem) (victim laneItem, shed bool, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pushLocked(it)
+}
+
+func (l *lane) pushLocked(it laneItem) (victim laneItem, shed bool, err error) {
+	if l.closed || l.stopped {
+		return victim, false, queue.ErrClosed
+	}
+	if l.waitingLocked() >= l.capacity {
+		switch l.policy {
+		case DeadLetterNewest:
+			l.shed.Add(1)
+			return it, true, nil
+		case DeadLetterOldest:
+			victim, shed = l.evictOldestLocked()
+			l.shed.Add(1)
+			if !shed {
+				return it, true, nil // nothing waits: everything is running
+			}
+		default:
+			return victim, false, queue.ErrFull
+		}
+	}
+	l.addLocked(it)
+	return victim, shed, nil
+}
+
+// pushN pushes envs, in order, while they fit without waiting or shedding,
+// and returns how many it pushed.
+func (l *lane) pushN(envs []envelope) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.stopped {
+		return 0, queue.ErrClosed
+	}
+	k := min(len(envs), max(l.capacity-l.waitingLocked(), 0))
+	for i := range envs[:k] {
+		l.addLocked(newItem(&envs[i]))
+	}
+	return k, nil
+}
+
+func newItem(env *envelope) laneItem {
+	it := laneItem{env: *env}
+	if it.env.msg.Attempt == redriveMark {
+		it.redriven, it.env.msg.Attempt = true, 0
+	}
+	return it
+}
+
+// addLocked queues it, or holds it behind its key.
+func (l *lane) addLocked(it laneItem) {
+	if k, ok := l.orderingKey(&it.env.msg); ok {
+		if _, busy := l.keys[k]; busy {
+			w := l.keys[k]
+			if w == nil {
+				w = new(fifo.Ring[laneItem])
+				l.keys[k] = w
+			}
+			w.Push(it)
+			l.held++
+			return
+		}
+		l.keys[k] = nil
+	}
+	l.enqueueLocked(it)
+}
+
+// enqueueLocked makes it available to the workers.
+func (l *lane) enqueueLocked(it laneItem) {
+	l.queued.Push(it)
+	if l.idle > 0 {
+		l.work.Signal()
+	}
+}
+
+// releaseLocked frees it's ordering key: the next message held behind it is
+// queued.
+func (l *lane) releaseLocked(it *laneItem) {
+	k, ok := l.orderingKey(&it.env.msg)
+	if !ok {
+		return
+	}
+	w := l.keys[k]
+	if w == nil || w.Len() == 0 {
+		delete(l.keys, k)
+		return
+	}
+	next, _ := w.Pop()
+	l.held--
+	l.enqueueLocked(next)
+}
+
+// evictOldestLocked removes the oldest message waiting — queued, else held,
+// else parked — for DeadLetterOldest.
+func (l *lane) evictOldestLocked() (laneItem, bool) {
+	if it, ok := l.queued.Pop(); ok {
+		l.releaseLocked(&it)
+		return it, true
+	}
+	var oldest *fifo.Ring[laneItem]
+	for _, w := range l.keys {
+		if w != nil && w.Len() > 0 && (oldest == nil || w.Front().env.msg.PublishedAt.Before(oldest.Front().env.msg.PublishedAt)) {
+			oldest = w
+		}
+	}
+	if oldest != nil {
+		it, _ := oldest.Pop()
+		l.held--
+		return it, true
+	}
+	var first *parked
+	for p := range l.parked {
+		if first == nil || p.it.env.msg.PublishedAt.Before(first.it.env.msg.PublishedAt) {
+			first = p
+		}
+	}
+	if first == nil {
+		return laneItem{}, false
+	}
+	first.timer.Stop() // if it fired, its callback finds it gone
+	delete(l.parked, first)
+	l.releaseLocked(&first.it)
+	return first.it, true
+}
+
+// pushWait pushes it, waiting for room (under Block) until stop1 or stop2
+// is closed (queue.ErrStopped) or deadline fires (queue.ErrTimeout); any
+// may be nil. beforeWait, if not nil, runs once before the first wait, and
+// blocked receives the time spent waiting.
+func (l *lane) pushWait(it laneItem, stop1, stop2 <-chan struct{}, deadline <-chan time.Time,
+	beforeWait func(), blocked func(time.Duration)) (victim laneItem, shed bool, err error) {
+	var start time.Time
+	for {
+		l.mu.Lock()
+		victim, shed, err = l.pushLocked(it)
+		if err != queue.ErrFull {
+			l.mu.Unlock()
+			if !start.IsZero() {
+				blocked(time.Since(start))
+			}
+			return victim, shed, err
+		}
+		if l.room == nil {
+			l.room = make(chan struct{})
+		}
+		room := l.room
+		l.mu.Unlock()
+		if start.IsZero() {
+			if beforeWait != nil {
+				beforeWait()
+			}
+			start = time.Now()
+		}
+		select {
+		case <-room:
+			continue
+		case <-stop1:
+			err = queue.ErrStopped
+		case <-stop2:
+			err = queue.ErrStopped
+		case <-deadline:
+			err = queue.ErrTimeout
+		}
+		blocked(time.Since(start))
+		return victim, false, err
+	}
+}
+
+// roomLocked wakes the producers waiting for room, if there is some.
+func (l *lane) roomLocked() {
+	if l.room != nil && l.waitingLocked() < l.capacity {
+		close(l.room)
+		l.room = nil
+	}
+}
+
+// take waits for a message a worker may run and marks it running. probe
+// reports that it is the half-open breaker's probe. ok is false when the
+// worker should return: the lane is stopped, or closed with nothing left.
+func (l *lane) take() (it laneItem, probe, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for {
+		if l.stopped {
+			return it, false, false
+		}
+		if l.queued.Len() > 0 && (l.br == nil || l.br.allows()) {
+			it, _ = l.queued.Pop()
+			l.running++
+			if l.br != nil {
+				probe = l.br.took()
+			}
+			l.roomLocked()
+			return it, probe, true
+		}
+		if l.closed && l.waitingLocked() == 0 && l.running == 0 {
+			l.work.Broadcast() // the other workers are done too
+			if l.br != nil {
+				l.br.stopTimer()
+			}
+			return it, false, false
+		}
+		l.idle++
+		l.work.Wait()
+		l.idle--
+	}
+}
+
+// finish ends a worker's turn with it: it ended (its key is freed) or it
+// parks for delay. It returns the breaker's transition, if any (changed is
+// "" when there was none), for the caller to report. orphan reports that
+// the lane was stopped while it ran and it did not end: it is still
+// running, and the caller dead-letters it, then calls dropped.
+func (l *lane) finish(it *laneItem, ended bool, delay time.Duration, h health, probe bool) (from, changed BreakerState, orphan bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.br != nil {
+		from = l.br.state
+		changed = l.br.record(h, probe, time.Now())
+		switch changed {
+		case BreakerOpen:
+			l.br.stopTimer()
+			if !l.stopped {
+				l.br.timer = time.AfterFunc(l.br.openFor, l.halfOpen)
+			}
+		case BreakerClosed:
+			l.work.Broadcast()
+		case "":
+			if probe && l.queued.Len() > 0 {
+				l.work.Signal() // no verdict: another message probes
+			}
+		}
+	}
+	switch {
+	case ended:
+		l.releaseLocked(it)
+	case l.stopped:
+		return from, changed, true
+	default:
+		p := &parked{it: *it}
+		l.parked[p] = struct{}{}
+		p.timer = time.AfterFunc(delay, func() { l.unpark(p) })
+	}
+	l.running--
+	if l.closed && l.waitingLocked() == 0 && l.running == 0 {
+		l.work.Broadcast()
+	}
+	return from, changed, false
+}
+
+// dropped ends an orphan (see finish) once the caller dead-lettered it.
+func (l *lane) dropped() {
+	l.mu.Lock()
+	l.running--
+	l.mu.Unlock()
+}
+
+// unpark is a parked message's timer callback: its backoff ended, it is
+// queued again (behind what is queued now). It does nothing if the message
+// was taken out of the lane meanwhile (shed, or stopped).
+func (l *lane) unpark(p *parked) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.parked[p]; !ok {
+		return
+	}
+	delete(l.parked, p)
+	l.enqueueLocked(p.it)
+}
+
+// halfOpen is the breaker timer's callback.
+func (l *lane) halfOpen() {
+	l.mu.Lock()
+	changed := l.br.halfOpen()
+	if changed {
+		l.work.Signal()
+	}
+	l.mu.Unlock()
+	if changed && l.onBreaker != nil {
+		l.onBreaker(BreakerOpen, BreakerHalfOpen)
+	}
+}
+
+// close refuses further pushes; the workers finish what is left.
+func (l *lane) close() {
+	l.mu.Lock()
+	l.closed = true
+	if l.room != nil {
+		close(l.room)
+		l.room = nil
+	}
+	l.work.Broadcast()
+	l.mu.Unlock()
+}
+
+// stop refuses further pushes, makes the workers return after their
+// current attempt, and takes every message that waits (queued, held,
+// parked) out of the lane for the caller to dead-letter. inFlight is called
+// with their number, under the lane's lock, so that they count as in
+// flight before they stop counting as queued.
+func (l *lane) stop(inFlight func(int)) []laneItem {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed, l.stopped = true, true
+	if l.room != nil {
+		close(l.room)
+		l.room = nil
+	}
+	if l.br != nil {
+		l.br.stopTimer()
+	}
+	out := make([]laneItem, 0, l.waitingLocked())
+	for {
+		it, ok := l.queued.Pop()
+		if !ok {
+			break
+		}
+		out = append(out, it)
+	}
+	for _, w := range l.keys {
+		for w != nil && w.Len() > 0 {
+			it, _ := w.Pop()
+			out = append(out, it)
+		}
+	}
+	for p := range l.parked {
+		p.timer.Stop()
+		out = append(out, p.it)
+	}
+	clear(l.keys)
+	clear(l.parked)
+	l.held = 0
+	inFlight(len(out))
+	l.work.Broadcast()
+	return out
+}
+
+// laneStats is a lane's state at one moment.
+type laneStats struct {
+	queued, held, parked, running int
+	oldest                        time.Time // PublishedAt of the oldest waiting message; zero if none
+	breaker                       BreakerState
+}
+
+func (l *lane) stats() laneStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := laneStats{queued: l.queued.Len(), held: l.held, parked: len(l.parked), running: l.running}
+	older := func(it *laneItem) {
+		if t := it.env.msg.PublishedAt; !t.IsZero() && (st.oldest.IsZero() || t.Before(st.oldest)) {
+			st.oldest = t
+		}
+	}
+	for i := range l.queued.Len() {
+		older(l.queued.At(i))
+	}
+	for _, w := range l.keys {
+		if w != nil && w.Len() > 0 {
+			older(w.Front())
+		}
+	}
+	for p := range l.parked {
+		older(&p.it)
+	}
+	if l.br != nil {
+		st.breaker = l.br.state
+	}
+	return st
+}

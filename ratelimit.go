@@ -1,0 +1,63 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+// RateLimit lets the subscriber start at most perSecond attempts per
+// second, with bursts of up to burst (a token bucket; burst >= 1). A worker
+// that has taken a message waits for a token before the attempt: the wait
+// burns no attempt, and the message counts as in flight meanwhile. Close
+// and Unsubscribe whose context ends cut the wait short (the message is
+// dead-lettered with their reason).
+func RateLimit(perSecond float64, burst int) SubscribeOption {
+	return func(c *subConfig) error {
+		if !(perSecond > 0) || math.IsInf(perSecond, 0) {
+			return fmt.Errorf("%w: rate limit %v per second must be > 0", ErrInvalidOption, perSecond)
+		}
+		if burst < 1 {
+			return fmt.Errorf("%w: rate limit burst %d < 1", ErrInvalidOption, burst)
+		}
+		c.rate, c.burst = perSecond, burst
+		return nil
+	}
+}
+
+// tokenBucket hands out attempts at rate per second, burst at once. Tokens
+// may go negative: a worker reserves the next token and waits for its time,
+// so workers queue up fairly without polling.
+type tokenBucket struct {
+	rate  float64 // tokens per second
+	burst float64
+	mu    sync.Mutex
+	avail float64   // tokens at last
+	last  time.Time // when avail was computed
+}
+
+func newTokenBucket(rate float64, burst int) *tokenBucket {
+	return &tokenBucket{rate: rate, burst: float64(burst), avail: float64(burst)}
+}
+
+// reserve takes a token and returns how long to wait before using it.
+func (b *tokenBucket) reserve(now time.Time) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.last.IsZero() {
+		b.avail = min(b.avail+now.Sub(b.last).Seconds()*b.rate, b.burst)
+	}
+	b.last = now
+	b.avail--
+	if b.avail >= 0 {
+		return 0
+	}
+	return time.Duration(math.Ceil(-b.avail / b.rate * float64(time.Second)))
+}
+
+// wait takes a token, waiting for it until ctx ends.
+func (b *tokenBucket) wait(ctx context.Context) {
+	sleep(ctx, b.reserve(time.Now()))
+}
