@@ -16,11 +16,17 @@ type topic struct {
 	c    topicCounters
 	subs atomic.Pointer[[]*Subscription] // routing snapshot, copy on write under mu
 
-	blockedOn atomic.Pointer[Subscription] // whose full lane the dispatcher waits for; nil when it does not
+	blocked atomic.Pointer[blockedOn] // whose full lane the dispatcher waits for, since when; nil when it does not
 
 	mu       sync.Mutex               // guards active, counters and writes to subs
 	active   map[string]*Subscription // by name, until Unsubscribe returns
 	counters map[string]*subCounters  // by name, kept forever
+}
+
+// blockedOn is a dispatcher's wait for room in a subscriber's lane.
+type blockedOn struct {
+	s     *Subscription
+	since time.Time
 }
 
 func newTopic(b *Broker, name string) *topic {
@@ -215,8 +221,9 @@ func (t *topic) stats(now time.Time) TopicStats {
 		Capacity:  t.q.Cap(),
 		OldestAge: age(now, q.Head.msg.PublishedAt, q.Len),
 	}
-	if s := t.blockedOn.Load(); s != nil {
-		ts.BlockedOn = s.name
+	bl := t.blocked.Load()
+	if bl != nil {
+		ts.BlockedOn = bl.s.name
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -225,6 +232,9 @@ func (t *topic) stats(now time.Time) TopicStats {
 		ss := c.snapshot()
 		if s := t.active[name]; s != nil {
 			s.fill(&ss, now)
+			if bl != nil && bl.s == s {
+				ss.BlockedFor += max(now.Sub(bl.since), 0) // the wait going on
+			}
 		}
 		ts.Subscribers[name] = ss
 	}

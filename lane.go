@@ -98,25 +98,43 @@ type lane struct {
 	keys    map[string]*fifo.Ring[laneItem] // held ordering keys → the messages waiting behind (nil: none)
 	held    int                             // messages waiting behind a key
 	parked  map[*parked]struct{}
-	running int
 	idle    int // workers waiting on work
+	workers int // the subscriber's workers
+	batch   int // most messages one take hands a worker (1 with a breaker or a rate limit)
 
-	closed  bool          // no more pushes; workers finish what is left
-	stopped bool          // stopped at once: workers return, the stopper dead-letters the rest
-	room    chan struct{} // closed when room appears; nil while no producer waits
-	br      *breaker      // nil: none
-	shed    *atomic.Int64 // the subscriber's in-flight count: a shed message counts there until it is dead-lettered
+	// A worker takes up to batch queued messages under one lock (its fair
+	// share when several workers wait) and starts them one by one: until it
+	// starts one, a message is local, and counts as queued and against the
+	// capacity. local and running move without the lock; roomWanted tells
+	// a worker starting a message that a producer waits for room.
+	local      atomic.Int64
+	running    atomic.Int64
+	roomWanted atomic.Bool
+
+	closed  bool           // no more pushes; workers finish what is left
+	stopped bool           // stopped at once: workers return, the stopper dead-letters the rest
+	room    chan struct{}  // closed when room appears; nil while no producer waits
+	br      *breaker       // nil: none
+	shed    *atomic.Int64  // the subscriber's in-flight count: a shed message counts there until it is dead-lettered
+	routed  *atomic.Uint64 // the subscriber's routed count, moved as a message enters (so Stats balance while a push waits)
 
 	// onBreaker is called, without the lock, when the breaker's open
 	// interval ends (set by the subscription).
 	onBreaker func(from, to BreakerState)
 }
 
-func newLane(capacity int, policy FullLanePolicy, ordered bool, br *breaker) *lane {
+// laneBatch is the most messages a worker takes under one lock.
+const laneBatch = 64
+
+func newLane(capacity, workers int, policy FullLanePolicy, ordered bool, br *breaker, limited bool) *lane {
 	l := &lane{
 		capacity: capacity, policy: policy, ordered: ordered, br: br,
+		workers: workers, batch: laneBatch,
 		keys:   make(map[string]*fifo.Ring[laneItem]),
 		parked: make(map[*parked]struct{}),
+	}
+	if br != nil || limited {
+		l.batch = 1 // each take is decided at its moment
 	}
 	l.work.L = &l.mu
 	return l
@@ -132,7 +150,14 @@ func (l *lane) orderingKey(m *Message) (string, bool) {
 }
 
 // waiting is how many messages count against the capacity.
-func (l *lane) waitingLocked() int { return l.queued.Len() + l.held + len(l.parked) }
+func (l *lane) waitingLocked() int {
+	return l.queued.Len() + l.held + len(l.parked) + int(l.local.Load())
+}
+
+// idleLocked reports that a closed lane has nothing left to do.
+func (l *lane) doneLocked() bool {
+	return l.closed && l.waitingLocked() == 0 && l.running.Load() == 0
+}
 
 // push adds it if there is room. When the lane is full it returns
 // queue.ErrFull under Block; under a dead-letter policy it makes the
@@ -152,6 +177,7 @@ func (l *lane) pushLocked(it laneItem) (victim laneItem, shed bool, err error) {
 	if l.waitingLocked() >= l.capacity {
 		switch l.policy {
 		case DeadLetterNewest:
+			l.routed.Add(1)
 			l.shed.Add(1)
 			return it, true, nil
 		case DeadLetterOldest:
@@ -164,7 +190,10 @@ func (l *lane) pushLocked(it laneItem) (victim laneItem, shed bool, err error) {
 			return victim, false, queue.ErrFull
 		}
 	}
+	n := l.queued.Len()
 	l.addLocked(it)
+	l.routed.Add(1)
+	l.wakeLocked(l.queued.Len() - n)
 	return victim, shed, nil
 }
 
@@ -177,9 +206,22 @@ func (l *lane) pushN(envs []envelope) (int, error) {
 		return 0, queue.ErrClosed
 	}
 	k := min(len(envs), max(l.capacity-l.waitingLocked(), 0))
+	queued := l.queued.Len()
 	for i := range envs[:k] {
-		l.addLocked(newItem(&envs[i]))
+		env := &envs[i]
+		if _, keyed := l.orderingKey(&env.msg); keyed {
+			l.addLocked(newItem(env))
+			continue
+		}
+		it := l.queued.Append() // built in place: one copy of the message
+		it.env = *env
+		it.redriven = env.msg.Attempt == redriveMark
+		if it.redriven {
+			it.env.msg.Attempt = 0
+		}
 	}
+	l.routed.Add(uint64(k))
+	l.wakeLocked(l.queued.Len() - queued)
 	return k, nil
 }
 
@@ -191,7 +233,8 @@ func newItem(env *envelope) laneItem {
 	return it
 }
 
-// addLocked queues it, or holds it behind its key.
+// addLocked queues it, or holds it behind its key, without waking a
+// worker (see wakeLocked).
 func (l *lane) addLocked(it laneItem) {
 	if k, ok := l.orderingKey(&it.env.msg); ok {
 		if _, busy := l.keys[k]; busy {
@@ -206,15 +249,20 @@ func (l *lane) addLocked(it laneItem) {
 		}
 		l.keys[k] = nil
 	}
-	l.enqueueLocked(it)
+	l.queued.Push(it)
+}
+
+// wakeLocked wakes up to n idle workers, for n messages newly queued.
+func (l *lane) wakeLocked(n int) {
+	for range min(n, l.idle) {
+		l.work.Signal()
+	}
 }
 
 // enqueueLocked makes it available to the workers.
 func (l *lane) enqueueLocked(it laneItem) {
 	l.queued.Push(it)
-	if l.idle > 0 {
-		l.work.Signal()
-	}
+	l.wakeLocked(1)
 }
 
 // releaseLocked frees it's ordering key: the next message held behind it is
@@ -286,6 +334,7 @@ func (l *lane) pushWait(it laneItem, stop1, stop2 <-chan struct{}, deadline <-ch
 		}
 		if l.room == nil {
 			l.room = make(chan struct{})
+			l.roomWanted.Store(true)
 		}
 		room := l.room
 		l.mu.Unlock()
@@ -315,38 +364,53 @@ func (l *lane) roomLocked() {
 	if l.room != nil && l.waitingLocked() < l.capacity {
 		close(l.room)
 		l.room = nil
+		l.roomWanted.Store(false)
 	}
 }
 
-// take waits for a message a worker may run and marks it running. probe
-// reports that it is the half-open breaker's probe. ok is false when the
+// take waits for messages a worker may run and appends them to buf: up to
+// batch of them, its fair share of what is queued. probe reports that the
+// one message taken is the half-open breaker's probe. ok is false when the
 // worker should return: the lane is stopped, or closed with nothing left.
-func (l *lane) take() (it laneItem, probe, ok bool) {
+// The worker calls start before it runs each.
+func (l *lane) take(buf []laneItem) (_ []laneItem, probe, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for {
 		if l.stopped {
-			return it, false, false
+			return buf, false, false
 		}
-		if l.queued.Len() > 0 && (l.br == nil || l.br.allows()) {
-			it, _ = l.queued.Pop()
-			l.running++
+		if n := l.queued.Len(); n > 0 && (l.br == nil || l.br.allows()) {
+			k := min(l.batch, max(n/l.workers, 1))
+			buf = l.queued.PopN(buf, k)
+			l.local.Add(int64(k))
 			if l.br != nil {
 				probe = l.br.took()
 			}
-			l.roomLocked()
-			return it, probe, true
+			return buf, probe, true
 		}
-		if l.closed && l.waitingLocked() == 0 && l.running == 0 {
+		if l.doneLocked() {
 			l.work.Broadcast() // the other workers are done too
 			if l.br != nil {
 				l.br.stopTimer()
 			}
-			return it, false, false
+			return buf, false, false
 		}
 		l.idle++
 		l.work.Wait()
 		l.idle--
+	}
+}
+
+// start moves a message the worker took from local to running: room for
+// one more in the lane.
+func (l *lane) start() {
+	l.running.Add(1)
+	l.local.Add(-1)
+	if l.roomWanted.Load() {
+		l.mu.Lock()
+		l.roomLocked()
+		l.mu.Unlock()
 	}
 }
 
@@ -356,6 +420,14 @@ func (l *lane) take() (it laneItem, probe, ok bool) {
 // the lane was stopped while it ran and it did not end: it is still
 // running, and the caller dead-letters it, then calls dropped.
 func (l *lane) finish(it *laneItem, ended bool, delay time.Duration, h health, probe bool) (from, changed BreakerState, orphan bool) {
+	if ended && l.br == nil {
+		if _, keyed := l.orderingKey(&it.env.msg); !keyed {
+			// Nothing to free and nothing to tell: the worker's next take
+			// looks at the lane under its lock.
+			l.running.Add(-1)
+			return "", "", false
+		}
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.br != nil {
@@ -385,19 +457,12 @@ func (l *lane) finish(it *laneItem, ended bool, delay time.Duration, h health, p
 		l.parked[p] = struct{}{}
 		p.timer = time.AfterFunc(delay, func() { l.unpark(p) })
 	}
-	l.running--
-	if l.closed && l.waitingLocked() == 0 && l.running == 0 {
-		l.work.Broadcast()
-	}
+	l.running.Add(-1)
 	return from, changed, false
 }
 
 // dropped ends an orphan (see finish) once the caller dead-lettered it.
-func (l *lane) dropped() {
-	l.mu.Lock()
-	l.running--
-	l.mu.Unlock()
-}
+func (l *lane) dropped() { l.running.Add(-1) }
 
 // unpark is a parked message's timer callback: its backoff ended, it is
 // queued again (behind what is queued now). It does nothing if the message
@@ -432,6 +497,7 @@ func (l *lane) close() {
 	if l.room != nil {
 		close(l.room)
 		l.room = nil
+		l.roomWanted.Store(false)
 	}
 	l.work.Broadcast()
 	l.mu.Unlock()
@@ -449,6 +515,7 @@ func (l *lane) stop(inFlight func(int)) []laneItem {
 	if l.room != nil {
 		close(l.room)
 		l.room = nil
+		l.roomWanted.Store(false)
 	}
 	if l.br != nil {
 		l.br.stopTimer()
@@ -489,7 +556,10 @@ type laneStats struct {
 func (l *lane) stats() laneStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := laneStats{queued: l.queued.Len(), held: l.held, parked: len(l.parked), running: l.running}
+	st := laneStats{
+		queued: l.queued.Len() + int(l.local.Load()), held: l.held, parked: len(l.parked),
+		running: int(l.running.Load()),
+	}
 	older := func(it *laneItem) {
 		if t := it.env.msg.PublishedAt; !t.IsZero() && (st.oldest.IsZero() || t.Before(st.oldest)) {
 			st.oldest = t

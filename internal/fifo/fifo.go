@@ -18,12 +18,17 @@ type Ring[T any] struct {
 func (r *Ring[T]) Len() int { return r.n }
 
 // Push appends v.
-func (r *Ring[T]) Push(v T) {
+func (r *Ring[T]) Push(v T) { *r.Append() = v }
+
+// Append appends a zero item and returns a pointer to it, valid until the
+// next Push, Append or Pop, to fill in place.
+func (r *Ring[T]) Append() *T {
 	if r.n == len(r.buf) {
 		r.grow()
 	}
-	r.buf[r.index(r.n)] = v
+	p := &r.buf[r.index(r.n)]
 	r.n++
+	return p
 }
 
 // Pop removes and returns the oldest item; ok is false when the ring is
@@ -38,6 +43,21 @@ func (r *Ring[T]) Pop() (v T, ok bool) {
 	r.head = r.index(1)
 	r.n--
 	return v, true
+}
+
+// PopN removes up to k of the oldest items and appends them to dst, in
+// order, copying each item once.
+func (r *Ring[T]) PopN(dst []T, k int) []T {
+	k = min(k, r.n)
+	for k > 0 {
+		seg := r.buf[r.head:min(r.head+k, len(r.buf))]
+		dst = append(dst, seg...)
+		clear(seg) // drop references for the garbage collector
+		r.head = r.index(len(seg))
+		r.n -= len(seg)
+		k -= len(seg)
+	}
+	return dst
 }
 
 // Front returns a pointer to the oldest item, valid until the next Push or

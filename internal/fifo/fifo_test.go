@@ -1,6 +1,7 @@
 package fifo
 
 import (
+	"fmt"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -14,7 +15,15 @@ func TestRingIsFIFO(t *testing.T) {
 	var model []int
 	next := 0
 	for step := range 2000 {
-		if step%3 != 2 || len(model) == 0 {
+		if step%97 == 96 { // a batch, across the ring's end at times
+			k := step % 7
+			got := r.PopN(nil, k)
+			want := model[:min(k, len(model))]
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("step %d: PopN(%d) = %v, want %v", step, k, got, want)
+			}
+			model = model[len(want):]
+		} else if step%3 != 2 || len(model) == 0 {
 			r.Push(next)
 			model = append(model, next)
 			next++
