@@ -17,8 +17,10 @@ import (
 )
 
 // Chaos property tests: randomised runs of the whole broker — several
-// topics, subscribers with random concurrency, lanes, timeouts and retry
-// policies, handlers that succeed, fail, panic, time out or block,
+// topics, subscribers with random concurrency, lanes, timeouts, retry
+// policies and protections (Ordered, full-lane policies, circuit breakers,
+// retry budgets, rate limits), keyed and keyless messages, handlers that
+// succeed, fail, panic, time out or block,
 // publishers that send duplicates and hit full queues, Unsubscribe and
 // re-Subscribe, Redrive and Close at random moments — checked against what
 // the handlers themselves recorded.
@@ -104,6 +106,9 @@ type chaosSub struct {
 	maxAttempts int // most attempts one dispatch may take under its policy
 	policy      RetryPolicy
 	timeout     time.Duration
+	ordered     bool           // Ordered(): keyless messages are FIFO through retries
+	whenFull    FullLanePolicy // overflow dead letters only under a dead-letter policy
+	budget      bool           // budget dead letters only with a retry budget
 
 	mu   sync.Mutex // guards sub
 	sub  *Subscription
@@ -184,6 +189,29 @@ func newChaosRun(t *testing.T, seed uint64) *chaosRun {
 			if rng.IntN(3) == 0 {
 				s.policy = r.randomPolicy()
 				s.opts = append(s.opts, WithSubscriberRetryPolicy(s.policy))
+			}
+			if rng.IntN(4) == 0 {
+				s.ordered = true
+				s.opts = append(s.opts, Ordered())
+			}
+			if rng.IntN(3) == 0 {
+				s.whenFull = FullLanePolicy(1 + rng.IntN(2))
+				s.opts = append(s.opts, WhenLaneFull(s.whenFull))
+			}
+			if rng.IntN(4) == 0 {
+				s.opts = append(s.opts, CircuitBreaker(BreakerPolicy{
+					Failures: 1 + rng.IntN(4), OpenFor: time.Duration(1+rng.IntN(5)) * time.Millisecond,
+					MaxOpenFor: 20 * time.Millisecond,
+				}))
+			}
+			if rng.IntN(4) == 0 {
+				s.budget = true
+				s.opts = append(s.opts, RetryBudget(RetryBudgetPolicy{
+					Ratio: rng.Float64() / 2, Window: 50 * time.Millisecond, MinPerSecond: float64(rng.IntN(100)),
+				}))
+			}
+			if rng.IntN(5) == 0 {
+				s.opts = append(s.opts, RateLimit(float64(500+rng.IntN(5000)), 1+rng.IntN(8)))
 			}
 			s.maxAttempts = s.policy.MaxRetries + 1
 			for _, rule := range s.policy.ByCode {
@@ -355,7 +383,10 @@ func (r *chaosRun) run() {
 func (r *chaosRun) publish(topic string, n int, rng *rand.Rand) {
 	var sent []Message
 	for i := range n {
-		msg := Message{ID: topic + "-" + strconv.Itoa(i), Topic: topic, Key: "k" + strconv.Itoa(rng.IntN(5))}
+		msg := Message{ID: topic + "-" + strconv.Itoa(i), Topic: topic}
+		if k := rng.IntN(7); k < 5 {
+			msg.Key = "k" + strconv.Itoa(k)
+		}
 		if len(sent) > 0 && rng.IntN(10) == 0 {
 			msg = sent[rng.IntN(len(sent))] // a duplicate: same ID, same key
 		}
@@ -540,6 +571,14 @@ func (r *chaosRun) verify() {
 					dl.Message.Topic, dl.Subscriber, dl.Message.ID, dl.ErrorCode, dl.Retryable)
 			}
 		case ReasonShutdown, ReasonUnsubscribed:
+		case ReasonOverflow:
+			if sub.whenFull == Block {
+				t.Errorf("dead letter %s/%s %s: overflow under Block", dl.Message.Topic, dl.Subscriber, dl.Message.ID)
+			}
+		case ReasonBudget:
+			if !sub.budget || !dl.Retryable {
+				t.Errorf("dead letter %s/%s %s: budget without a budget, or not retryable", dl.Message.Topic, dl.Subscriber, dl.Message.ID)
+			}
 		default:
 			t.Errorf("dead letter %s has reason %q", dl.ID, dl.Reason)
 		}
@@ -627,31 +666,35 @@ func (r *chaosRun) acceptedOn(topic string) int {
 }
 
 // verifyAttempts checks that the attempts of each (subscriber, message) go
-// 1, 2, … in runs (one per dispatch), never past the policy's bound, and
-// that a permanent failure or an unretried panic ends its run.
+// 1, 2, … in runs (one per dispatch), never past the policy's bound: an
+// attempt n > 1 continues a run whose attempt n-1 failed with an error the
+// policy retries (not after a success, a permanent error or an unretried
+// panic). Two copies of one ID (a duplicate publish) may interleave their
+// runs while one waits for its retry, so runs are counted, not ordered.
 func (r *chaosRun) verifyAttempts() {
 	type key struct{ topic, name, id string }
-	last := map[key]chaosCall{}
+	open := map[key]map[int]int{} // runs whose last attempt n failed and may be retried
 	for _, c := range r.calls {
 		k := key{c.topic, c.name, c.id}
 		s := r.sub(c.topic, c.name)
 		if c.attempt < 1 || c.attempt > s.maxAttempts {
 			r.t.Errorf("%s/%s %s: attempt %d outside 1..%d", c.topic, c.name, c.id, c.attempt, s.maxAttempts)
 		}
-		prev, seen := last[k]
+		if open[k] == nil {
+			open[k] = map[int]int{}
+		}
 		if c.attempt > 1 {
-			switch {
-			case !seen || prev.attempt != c.attempt-1:
-				r.t.Errorf("%s/%s %s: attempt %d does not follow attempt %d", c.topic, c.name, c.id, c.attempt, prev.attempt)
-			case prev.returnedNil:
-				r.t.Errorf("%s/%s %s: retried after success", c.topic, c.name, c.id)
-			case prev.behaviour == "permanent":
-				r.t.Errorf("%s/%s %s: a permanent error was retried", c.topic, c.name, c.id)
-			case prev.behaviour == "panic" && !hasRule(s.policy, CodePanic):
-				r.t.Errorf("%s/%s %s: a panic was retried without a rule for it", c.topic, c.name, c.id)
+			if open[k][c.attempt-1] == 0 {
+				r.t.Errorf("%s/%s %s: attempt %d continues no run that failed its attempt %d with a retried error",
+					c.topic, c.name, c.id, c.attempt, c.attempt-1)
+			} else {
+				open[k][c.attempt-1]--
 			}
 		}
-		last[k] = c
+		retried := !c.returnedNil && c.behaviour != "permanent" && (c.behaviour != "panic" || hasRule(s.policy, CodePanic))
+		if retried {
+			open[k][c.attempt]++
+		}
 	}
 }
 
@@ -678,9 +721,10 @@ func (r *chaosRun) verifyOrder() {
 		}
 		firstSeen[g][c.id] = true
 		// Per Key; keyless messages leave the lane in dispatch order, so
-		// one worker starts their first attempts in publish order.
+		// one worker starts their first attempts in publish order, and
+		// Ordered makes them one ordering key.
 		orderKey := c.key
-		if orderKey == "" && s.concurrency > 1 {
+		if orderKey == "" && s.concurrency > 1 && !s.ordered {
 			continue
 		}
 		if prev, ok := lastSeq[g][orderKey]; ok && c.pseq < prev {

@@ -184,6 +184,7 @@ func (l *lane) pushLocked(it laneItem) (victim laneItem, shed bool, err error) {
 			victim, shed = l.evictOldestLocked()
 			l.shed.Add(1)
 			if !shed {
+				l.routed.Add(1)
 				return it, true, nil // nothing waits: everything is running
 			}
 		default:
