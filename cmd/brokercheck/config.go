@@ -53,6 +53,7 @@ type faultConfig struct {
 	PublishTimeout time.Duration
 	Margin         time.Duration // allowed on top of PublishTimeout
 	MaxRetryRate   float64       // bound on the whole run's retry rate
+	WhenFull       string        // the failing subscriber's full-lane policy (block, dead_letter_newest, dead_letter_oldest)
 }
 
 type dupConfig struct {
@@ -95,7 +96,7 @@ func defaultConfig() config {
 			Warmup: 1500 * time.Millisecond, Duration: 2 * time.Second, Hold: time.Second,
 			HandlerTimeout: 50 * time.Millisecond, FailProb: 1, MaxRetries: 2,
 			Queue: 256, PublishTimeout: 500 * time.Millisecond, Margin: 100 * time.Millisecond,
-			MaxRetryRate: 0.15,
+			MaxRetryRate: 0.15, WhenFull: "block",
 		},
 		Dup:  dupConfig{Count: 100, Workers: 4},
 		Dead: deadConfig{MaxRetries: 2},
@@ -207,6 +208,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.Float64Var(&f.FailProb, "fault-prob", f.FailProb, "check 2: share of attempts that time out during the fault")
 	fs.IntVar(&f.MaxRetries, "fault-retries", f.MaxRetries, "check 2: MaxRetries of the retry policy")
 	fs.IntVar(&f.Queue, "fault-queue", f.Queue, "check 2: topic queue and lane capacity")
+	fs.StringVar(&f.WhenFull, "fault-when-full", f.WhenFull, "check 2: the failing subscriber's full-lane policy: block (backpressure to the topic), dead_letter_newest or dead_letter_oldest (shed at that subscriber)")
 	fs.DurationVar(&f.PublishTimeout, "publish-timeout", f.PublishTimeout, "check 2: the broker's publish timeout")
 	fs.DurationVar(&f.Margin, "publish-margin", f.Margin, "check 2: allowed on top of the publish timeout for the longest Publish")
 	fs.Float64Var(&f.MaxRetryRate, "max-retry-rate", f.MaxRetryRate, "check 2: bound on the whole run's retry rate (retries/attempts)")
@@ -248,6 +250,8 @@ func (c *config) validate() error {
 	bad(f.FailProb <= 0 || f.FailProb > 1, "-fault-prob must be in (0, 1]")
 	bad(c.Publishers < 1, "-publishers must be >= 1")
 	bad(f.MaxRetries < 0 || f.Queue < 1, "-fault-retries must be >= 0 and -fault-queue >= 1")
+	_, ok := lanePolicy(f.WhenFull)
+	bad(!ok, "-fault-when-full must be block, dead_letter_newest or dead_letter_oldest")
 	bad(f.PublishTimeout < 0 || f.Margin < 0, "-publish-timeout and -publish-margin must be >= 0")
 	bad(f.MaxRetryRate <= 0, "-max-retry-rate must be > 0")
 	bad(c.Dup.Count < 1 || c.Dup.Workers < 1, "-dup-count and -dup-workers must be >= 1")

@@ -27,9 +27,14 @@
 //
 //  2. Fault injection. Two subscribers on one topic; during a fault window
 //     every attempt of one of them ("webhook") runs past its HandlerTimeout.
-//     Its lane fills, the topic's dispatcher waits, the topic queue fills and
-//     Publish pushes back. Proves that publishers always return (the longest
-//     Publish is at most the publish timeout plus a margin, and every
+//     Its retries park without holding a worker, but each attempt holds one
+//     for the whole timeout, so the webhook falls behind: under the default
+//     full-lane policy (-fault-when-full block) its lane fills, the topic's
+//     dispatcher waits, the topic queue fills and Publish pushes back; with
+//     dead_letter_newest or dead_letter_oldest the webhook sheds with reason
+//     overflow and the topic flows. The chart draws the healthy
+//     subscriber's delivery rate beside the backlog. Proves that publishers
+//     always return (the longest Publish is at most the publish timeout plus a margin, and every
 //     publisher goroutine ends), that the retry rate stays within its bounds
 //     (in the fault window at most r/(r+1), the most that r retries per
 //     message allow; over the whole run below -max-retry-rate, the article's
@@ -37,8 +42,10 @@
 //     (twice the steady p95, at least 10) and holds it (p95 over the next
 //     -fault-hold) within -recover-within (by default twice the fault, the
 //     article's 10 minutes after a 5-minute fault). It also shows what the
-//     fault costs the healthy subscriber: once the failing subscriber's lane
-//     is full the topic's dispatcher waits, so both slow down.
+//     fault costs the healthy subscriber: under Block, once the failing
+//     subscriber's lane is full the topic's dispatcher waits, so both slow
+//     down (Stats' BlockedFor says for how long); under a dead-letter
+//     policy the healthy one keeps the input rate.
 //
 //  3. Idempotency. One message ID published -dup-count times, concurrently
 //     and under different ordering keys, to a subscriber with several

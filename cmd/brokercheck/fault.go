@@ -65,6 +65,7 @@ func checkFault(ctx context.Context, cfg *config, r *result) {
 		r.fatal(err)
 		return
 	}
+	whenFull, _ := lanePolicy(f.WhenFull)
 	_, err = b.Subscribe(topic, healthy, serviceHandler(healthySvc), broker.Concurrency(healthyWorkers))
 	if err == nil {
 		_, err = b.Subscribe(topic, flaky, func(ctx context.Context, m broker.Message) error {
@@ -74,7 +75,7 @@ func checkFault(ctx context.Context, cfg *config, r *result) {
 				return serve(ctx, 2*f.HandlerTimeout)
 			}
 			return serve(ctx, f.Service)
-		}, broker.Concurrency(f.Workers), broker.HandlerTimeout(f.HandlerTimeout))
+		}, broker.Concurrency(f.Workers), broker.HandlerTimeout(f.HandlerTimeout), broker.WhenLaneFull(whenFull))
 	}
 	if err != nil {
 		r.fatal(err)
@@ -88,8 +89,8 @@ func checkFault(ctx context.Context, cfg *config, r *result) {
 	settle := f.HandlerTimeout + faultBackoffMax + f.Service + 100*time.Millisecond
 	r.printf("λ = %.0f/s into topic %q (%s arrivals, %d publishers), publish timeout %v, queue and lanes of %d",
 		f.Rate, topic, arrivalName(cfg), cfg.Publishers, f.PublishTimeout, f.Queue)
-	r.printf("subscribers: %s (W=%d, service %v) and %s (W=%d, service %v, HandlerTimeout %v, %d retries, backoff %v→%v)",
-		healthy, healthyWorkers, healthySvc, flaky, f.Workers, f.Service, f.HandlerTimeout, f.MaxRetries, faultBackoffBase, faultBackoffMax)
+	r.printf("subscribers: %s (W=%d, service %v) and %s (W=%d, service %v, HandlerTimeout %v, %d retries, backoff %v→%v, full lane: %v)",
+		healthy, healthyWorkers, healthySvc, flaky, f.Workers, f.Service, f.HandlerTimeout, f.MaxRetries, faultBackoffBase, faultBackoffMax, whenFull)
 	r.printf("timeline: steady %v, then %s times out on %.0f%% of attempts for %v, then recovers",
 		f.Warmup, flaky, 100*f.FailProb, f.Duration)
 
@@ -177,8 +178,13 @@ func checkFault(ctx context.Context, cfg *config, r *result) {
 		100*winRate, 100*capRate, f.MaxRetries)
 	r.expect(final.RetryRate() < f.MaxRetryRate, "overall retry rate %.1f%% (bound < %.0f%%)", 100*final.RetryRate(), 100*f.MaxRetryRate)
 	h0, h1 := s0.sub(topic, healthy), s1.sub(topic, healthy)
-	r.printf("%s delivered %.0f/s during the fault (λ = %.0f/s): once a lane of %s is full the topic's dispatcher waits for it",
-		healthy, float64(h1.Delivered-h0.Delivered)/(faultEnd-faultStart).Seconds(), f.Rate, flaky)
+	why := fmt.Sprintf("%s's retries park, but its workers are busy for the whole HandlerTimeout; once its lane is full the topic's dispatcher waits for it (-fault-when-full dead_letter_newest sheds there instead)", flaky)
+	if whenFull != broker.Block {
+		why = fmt.Sprintf("%s's full lane sheds with reason overflow (%d dead-lettered), so the topic flows", flaky, final.DeadLettered)
+	}
+	r.printf("%s delivered %.0f/s during the fault (λ = %.0f/s): %s; the dispatcher waited %v in all for %s",
+		healthy, float64(h1.Delivered-h0.Delivered)/(faultEnd-faultStart).Seconds(), f.Rate, why,
+		final.BlockedFor.Round(time.Millisecond), flaky)
 	r.printf("backlog: steady p95 %.0f, so steady level <= %.0f (2 × p95, at least 10); peak %.0f in the fault, %.0f when it ended",
 		steadyP95, level, peak, endBacklog)
 	model := "n/a"
@@ -205,11 +211,43 @@ func checkFault(ctx context.Context, cfg *config, r *result) {
 		rep.Max.Round(time.Millisecond), 100*final.RetryRate(), rec)
 	r.Panel = panel{
 		Title:  fmt.Sprintf("Check 2: %s times out for %v, λ = %.0f/s, queue and lanes of %d", flaky, f.Duration, f.Rate, f.Queue),
-		Series: []series{{Name: "backlog", Color: colorMain, Points: points(samples)}},
+		YLabel: "backlog (messages); delivered/s",
+		Series: []series{
+			{Name: "backlog", Color: colorMain, Points: points(samples)},
+			{Name: healthy + " delivered/s", Color: colorGood, Dashed: true, Points: deliveryRate(samples, topic, healthy, 200*time.Millisecond)},
+		},
 		Bands:  []band{{X0: faultStart.Seconds(), X1: faultEnd.Seconds(), Label: "fault", Color: colorBad}},
 		HLines: []hline{{Y: level, Label: fmt.Sprintf("steady level %.0f", level), Color: colorGood}},
 		VLines: vlines,
 	}
+}
+
+// lanePolicy parses -fault-when-full.
+func lanePolicy(name string) (broker.FullLanePolicy, bool) {
+	for _, p := range []broker.FullLanePolicy{broker.Block, broker.DeadLetterNewest, broker.DeadLetterOldest} {
+		if p.String() == name {
+			return p, true
+		}
+	}
+	return broker.Block, false
+}
+
+// deliveryRate returns a subscriber's delivery rate (messages per second)
+// over the samples, each point averaged over the window before it.
+func deliveryRate(samples []sample, topic, name string, window time.Duration) []point {
+	var ps []point
+	j := 0
+	for i, s := range samples {
+		for j < i && s.At-samples[j].At > window {
+			j++
+		}
+		if j == i {
+			continue
+		}
+		d := s.sub(topic, name).Delivered - samples[j].sub(topic, name).Delivered
+		ps = append(ps, point{s.At.Seconds(), float64(d) / (s.At - samples[j].At).Seconds()})
+	}
+	return ps
 }
 
 func ratio(a, b uint64) float64 {
