@@ -322,7 +322,9 @@ func (b *Broker) subscription(topicName, name string) *Subscription {
 }
 
 func (b *Broker) newDeadLetterID() string {
-	return b.dlPrefix + strconv.FormatUint(b.dlSeq.Add(1), 10)
+	var buf [64]byte
+	id := append(buf[:0], b.dlPrefix...)
+	return string(strconv.AppendUint(id, b.dlSeq.Add(1), 10)) // one allocation
 }
 
 // Stats returns a snapshot of every topic's and subscriber's counters and

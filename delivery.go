@@ -27,6 +27,13 @@ type pipeline struct {
 	guard   *idGuard                // nil unless two workers could hold the same ID at once
 	budget  *retryBudget            // nil: retries are not budgeted
 	rec     recorder
+
+	overflowErr error // the error of its overflow dead letters, made once
+}
+
+// newOverflowError is the error of a subscriber's overflow dead letters.
+func newOverflowError(topic, subscriber string) error {
+	return fmt.Errorf("%w: lane of %q on topic %q is full", ErrLaneFull, subscriber, topic)
 }
 
 // envelope is a message on its way to one subscriber: 128 bytes on 64-bit
@@ -143,7 +150,7 @@ func (p *pipeline) cutOff(ctx context.Context, it *laneItem) {
 // overflow dead-letters it, shed from a full lane.
 func (p *pipeline) overflow(it *laneItem) {
 	msg := &it.env.msg
-	err := fmt.Errorf("%w: lane of %q on topic %q is full", ErrLaneFull, p.rec.subscriber, p.rec.topic)
+	err := p.overflowErr
 	if it.last != nil {
 		p.rec.deadLetter(msg, 0, it.last.code, it.last.retryable, ReasonOverflow, err, false)
 		return

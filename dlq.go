@@ -1,13 +1,14 @@
 package broker
 
 import (
-	"container/list"
 	"context"
 	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/inproc/broker/internal/fifo"
 )
 
 // Reasons a message was dead-lettered (DeadLetter.Reason).
@@ -98,14 +99,27 @@ type DeadLetterStore interface {
 // MemoryDeadLetterStore is the default DeadLetterStore: bounded, in memory,
 // oldest first. When full, Put evicts the oldest dead letter, logs it at
 // Warn level and counts it (Evicted). It is safe for concurrent use.
+//
+// Dead letters sit in a ring in the order they were put, with an index by
+// ID; Delete leaves a hole that is dropped when it reaches the front, or
+// when holes outnumber the dead letters. So a Put allocates nothing in the
+// steady state: a failing subscriber that sheds every message (W7) writes a
+// dead letter per message on the dispatcher's path.
 type MemoryDeadLetterStore struct {
 	capacity int
 	logger   *slog.Logger
 	evicted  atomic.Uint64
 
-	mu    sync.Mutex               // guards order and byID
-	order *list.List               // of DeadLetter, oldest at the front
-	byID  map[string]*list.Element // ID → element of order
+	mu    sync.Mutex        // guards the fields below
+	ring  fifo.Ring[dlSlot] // in Put order, holes included
+	first uint64            // sequence number of the ring's front
+	byID  map[string]uint64 // ID → sequence number
+}
+
+// dlSlot is a dead letter in the ring, or a hole left by Delete.
+type dlSlot struct {
+	dl   DeadLetter
+	hole bool
 }
 
 var _ DeadLetterStore = (*MemoryDeadLetterStore)(nil)
@@ -120,15 +134,12 @@ func NewMemoryDeadLetterStore(capacity int, logger *slog.Logger) *MemoryDeadLett
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &MemoryDeadLetterStore{
-		capacity: capacity,
-		logger:   logger,
-		order:    list.New(),
-		byID:     make(map[string]*list.Element),
-	}
+	return &MemoryDeadLetterStore{capacity: capacity, logger: logger, byID: make(map[string]uint64)}
 }
 
-// Put stores dl, evicting the oldest dead letter if the store is full.
+// Put stores dl, evicting the oldest dead letter if the store is full. A
+// dead letter with an ID already stored replaces it (and becomes the
+// newest).
 func (s *MemoryDeadLetterStore) Put(ctx context.Context, dl DeadLetter) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -139,18 +150,14 @@ func (s *MemoryDeadLetterStore) Put(ctx context.Context, dl DeadLetter) error {
 	var victim DeadLetter
 	evicted := false
 	s.mu.Lock()
-	if e, ok := s.byID[dl.ID]; ok {
-		e.Value = dl
-		s.order.MoveToBack(e)
-	} else {
-		if s.order.Len() >= s.capacity {
-			front := s.order.Front()
-			victim = s.order.Remove(front).(DeadLetter)
-			delete(s.byID, victim.ID)
-			evicted = true
-		}
-		s.byID[dl.ID] = s.order.PushBack(dl)
+	if seq, ok := s.byID[dl.ID]; ok {
+		s.holeLocked(seq)
+	} else if len(s.byID) >= s.capacity {
+		victim, evicted = s.popOldestLocked()
 	}
+	s.byID[dl.ID] = s.first + uint64(s.ring.Len())
+	slot := s.ring.Append()
+	slot.dl = dl
 	s.mu.Unlock()
 	if evicted {
 		n := s.evicted.Add(1)
@@ -166,6 +173,49 @@ func (s *MemoryDeadLetterStore) Put(ctx context.Context, dl DeadLetter) error {
 	return nil
 }
 
+// popOldestLocked removes and returns the oldest dead letter (the store
+// is not empty).
+func (s *MemoryDeadLetterStore) popOldestLocked() (DeadLetter, bool) {
+	for {
+		slot, ok := s.ring.Pop()
+		if !ok {
+			return DeadLetter{}, false
+		}
+		s.first++
+		if !slot.hole {
+			delete(s.byID, slot.dl.ID)
+			return slot.dl, true
+		}
+	}
+}
+
+// holeLocked deletes the dead letter at seq, leaving a hole; holes at the
+// front are dropped, and the ring is compacted when holes outnumber dead
+// letters.
+func (s *MemoryDeadLetterStore) holeLocked(seq uint64) {
+	slot := s.ring.At(int(seq - s.first))
+	delete(s.byID, slot.dl.ID)
+	*slot = dlSlot{hole: true}
+	for f := s.ring.Front(); f != nil && f.hole; f = s.ring.Front() {
+		s.ring.Pop()
+		s.first++
+	}
+	if holes := s.ring.Len() - len(s.byID); holes > 64 && holes > len(s.byID) {
+		var kept fifo.Ring[dlSlot]
+		for {
+			slot, ok := s.ring.Pop()
+			if !ok {
+				break
+			}
+			if !slot.hole {
+				s.byID[slot.dl.ID] = s.first + uint64(kept.Len())
+				kept.Push(slot)
+			}
+		}
+		s.ring = kept
+	}
+}
+
 // List returns the matching dead letters, oldest first.
 func (s *MemoryDeadLetterStore) List(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error) {
 	if err := ctx.Err(); err != nil {
@@ -177,12 +227,12 @@ func (s *MemoryDeadLetterStore) List(ctx context.Context, f DeadLetterFilter) ([
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []DeadLetter
-	for e := s.order.Front(); e != nil; e = e.Next() {
-		dl := e.Value.(DeadLetter)
-		if !f.Match(dl) {
+	for i := range s.ring.Len() {
+		slot := s.ring.At(i)
+		if slot.hole || !f.Match(slot.dl) {
 			continue
 		}
-		out = append(out, dl)
+		out = append(out, slot.dl)
 		if f.Limit > 0 && len(out) == f.Limit {
 			break
 		}
@@ -197,11 +247,11 @@ func (s *MemoryDeadLetterStore) Get(ctx context.Context, id string) (DeadLetter,
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.byID[id]
+	seq, ok := s.byID[id]
 	if !ok {
 		return DeadLetter{}, false, nil
 	}
-	return e.Value.(DeadLetter), true, nil
+	return s.ring.At(int(seq - s.first)).dl, true, nil
 }
 
 // Delete removes the given IDs; unknown IDs are ignored.
@@ -212,9 +262,8 @@ func (s *MemoryDeadLetterStore) Delete(ctx context.Context, ids ...string) error
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, id := range ids {
-		if e, ok := s.byID[id]; ok {
-			s.order.Remove(e)
-			delete(s.byID, id)
+		if seq, ok := s.byID[id]; ok {
+			s.holeLocked(seq)
 		}
 	}
 	return nil
@@ -227,7 +276,7 @@ func (s *MemoryDeadLetterStore) Len(ctx context.Context) (int, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.order.Len(), nil
+	return len(s.byID), nil
 }
 
 // Capacity returns the most dead letters the store holds.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -172,4 +173,71 @@ func TestDeadLetterStoreErrorsAreCountedAndLogged(t *testing.T) {
 		assert.Contains(t, buf.String(), "level=ERROR")
 		assert.Contains(t, buf.String(), "store_error=boom")
 	})
+}
+
+// The store against a model (a slice in Put order): puts of new and
+// existing IDs, deletes, evictions and the ring's compaction, checked after
+// every operation through List, Get and Len.
+func TestMemoryDeadLetterStoreAgainstModel(t *testing.T) {
+	ctx := context.Background()
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		capacity := 1 + rng.IntN(100)
+		s := NewMemoryDeadLetterStore(capacity, discard)
+		var model []DeadLetter
+		remove := func(id string) {
+			for i, dl := range model {
+				if dl.ID == id {
+					model = append(model[:i], model[i+1:]...)
+					return
+				}
+			}
+		}
+		evicted := uint64(0)
+		for step := range 3000 {
+			id := fmt.Sprint("dl-", rng.IntN(3*capacity))
+			switch op := rng.IntN(10); {
+			case op < 6: // put (new or replacing)
+				dl := DeadLetter{ID: id, Subscriber: fmt.Sprint(step), Message: Message{Topic: "t"}}
+				require.NoError(t, s.Put(ctx, dl))
+				found := false
+				for _, m := range model {
+					found = found || m.ID == id
+				}
+				remove(id)
+				if !found && len(model) == capacity {
+					model, evicted = model[1:], evicted+1
+				}
+				model = append(model, dl)
+			default: // delete, sometimes many at once
+				ids := []string{id}
+				if op == 9 {
+					for range rng.IntN(capacity) {
+						ids = append(ids, fmt.Sprint("dl-", rng.IntN(3*capacity)))
+					}
+				}
+				require.NoError(t, s.Delete(ctx, ids...))
+				for _, id := range ids {
+					remove(id)
+				}
+			}
+			got, err := s.List(ctx, DeadLetterFilter{})
+			require.NoError(t, err)
+			if len(model) == 0 {
+				require.Empty(t, got, "seed %d step %d", seed, step)
+			} else {
+				require.Equal(t, model, got, "seed %d step %d", seed, step)
+			}
+			n, _ := s.Len(ctx)
+			require.Equal(t, len(model), n)
+			if len(model) > 0 {
+				want := model[rng.IntN(len(model))]
+				dl, ok, _ := s.Get(ctx, want.ID)
+				require.True(t, ok)
+				require.Equal(t, want, dl)
+			}
+			require.LessOrEqual(t, s.ring.Len(), 2*capacity+65, "holes are dropped")
+		}
+		require.Equal(t, evicted, s.Evicted())
+	}
 }

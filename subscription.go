@@ -115,6 +115,9 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	if sc.budget != nil {
 		s.pipe.budget = newRetryBudget(*sc.budget)
 	}
+	if sc.whenFull != Block {
+		s.pipe.overflowErr = newOverflowError(topicName, name)
+	}
 	if b.mem != nil {
 		s.pipe.mem, s.pipe.salt = b.mem, b.mem.salt(topicName, name)
 	}

@@ -26,6 +26,12 @@ type Workload struct {
 	Work        time.Duration // handler time per delivery (busy-wait, or time.Sleep with SleepWork; 0: no-op)
 	SleepWork   bool          // Work sleeps (an I/O-bound handler) instead of busy-waiting (a CPU-bound one)
 	FailEvery   int           // message seq%FailEvery == 0 fails its first attempt at every subscriber (0: none)
+	// FailingSubs is how many subscribers of each topic (the first ones)
+	// fail every attempt; a cell is then timed to the last delivery at the
+	// others. Implementations retry such a failure MaxRetries (2) times,
+	// RetryBackoff apart, then give up on the message.
+	FailingSubs  int
+	RetryBackoff time.Duration
 	PayloadSize int           // payload bytes (at least 8)
 	Scale       float64       // message count relative to the run's base count (0 means 1)
 }
@@ -51,7 +57,19 @@ var Workloads = []Workload{
 	{Name: "W5", Title: "1% of messages fail once, 0 backoff", Topics: 1, Subs: 1, Publishers: 1, Concurrency: 1, FailEvery: 100, PayloadSize: 64},
 	{Name: "W6/4KiB", Title: "W1 with 4 KiB payload", Topics: 1, Subs: 1, Publishers: 1, Concurrency: 1, PayloadSize: 4 << 10},
 	{Name: "W6/64KiB", Title: "W1 with 64 KiB payload", Topics: 1, Subs: 1, Publishers: 1, Concurrency: 1, PayloadSize: 64 << 10, Scale: 0.4},
+	{Name: "W7", Title: "2 subs, one failing every attempt (2 retries, 10 ms apart)", Topics: 1, Subs: 2, Publishers: 1, Concurrency: 1,
+		FailingSubs: 1, RetryBackoff: 10 * time.Millisecond, PayloadSize: 64},
 }
+
+// W7MaxRetries is how often implementations retry a W7 failure.
+const W7MaxRetries = 2
+
+// ErrNotMeasured is wrapped by what an implementation returns for a
+// workload it has no fair way to run; the report prints "n/a" and the
+// reason as a note.
+var ErrNotMeasured = errors.New("not measured")
+
+func errNotMeasured(why string) error { return fmt.Errorf("%w: %s", ErrNotMeasured, why) }
 
 // WorkloadByName returns the workload called name.
 func WorkloadByName(name string) (Workload, bool) {
@@ -217,7 +235,7 @@ func ImplByName(name string) (Impl, bool) {
 type Result struct {
 	Impl, Workload string
 	Messages       int           // published
-	Deliveries     int           // Messages × subscribers per topic
+	Deliveries     int           // Messages × healthy subscribers per topic
 	Elapsed        time.Duration // first publish to last first-time delivery
 	NsPerMsg       float64       // Elapsed / Messages
 	AllocsPerMsg   float64       // heap allocations / Messages
@@ -268,6 +286,8 @@ type tracker struct {
 	work      time.Duration
 	sleep     bool
 	failEvery int
+	failing   int           // subscribers of each topic (the first ones) that fail every attempt
+	perTopic  int           // subscribers per topic
 	gate      chan struct{} // if not nil, Handle waits for it to close (queued-memory cells)
 
 	left     atomic.Int64
@@ -292,6 +312,8 @@ func newTracker(env *Env) *tracker {
 		work:      env.Work,
 		sleep:     env.SleepWork,
 		failEvery: env.FailEvery,
+		failing:   env.FailingSubs,
+		perTopic:  env.Subs,
 		done:      make(chan struct{}),
 		failed:    make(chan struct{}),
 	}
@@ -303,7 +325,7 @@ func newTracker(env *Env) *tracker {
 		}
 		s.maxSeq.Store(-1)
 	}
-	tr.left.Store(int64(n))
+	tr.left.Store(int64(n - env.Topics*min(env.FailingSubs, env.Subs)))
 	return tr
 }
 
@@ -331,6 +353,10 @@ func (tr *tracker) handle(sub, seq int) error {
 		return nil
 	}
 	s := &tr.subs[sub]
+	if sub%tr.perTopic < tr.failing {
+		tr.injected.Add(1)
+		return errInjected
+	}
 	if tr.failEvery > 0 && seq%tr.failEvery == 0 && s.failed[seq].CompareAndSwap(false, true) {
 		tr.injected.Add(1)
 		return errInjected
@@ -431,7 +457,7 @@ func RunCell(impl Impl, w Workload, messages int, opts Options) (res Result) {
 	}
 	env := newEnv(w, messages)
 	res = Result{Impl: impl.Name, Workload: w.Name, Messages: env.PerTopic * env.Topics}
-	res.Deliveries = res.Messages * env.Subs
+	res.Deliveries = res.Messages * (env.Subs - min(env.FailingSubs, env.Subs))
 	env.payload = make([]byte, env.PayloadSize)
 	tr := newTracker(env)
 	env.handle, env.fail = tr.handle, tr.fail

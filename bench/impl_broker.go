@@ -38,6 +38,8 @@ func init() {
 				return "broker: Concurrency(8)"
 			case w.FailEvery > 0:
 				return "broker: RetryPolicy{MaxRetries: 2, Backoff: ConstantBackoff(0)}"
+			case w.FailingSubs > 0:
+				return "broker: RetryPolicy{MaxRetries: 2, Backoff: ConstantBackoff(10ms)}; the failing subscriber has WhenLaneFull(DeadLetterNewest): at this rate its parked retries (rate × 20 ms) overflow any lane, and under Block the topic would move at lane/backoff"
 			}
 			return ""
 		},
@@ -52,6 +54,9 @@ func newBroker(env *Env, extra ...broker.Option) (Instance, error) {
 	if env.FailEvery > 0 {
 		opts = append(opts, broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 2, Backoff: broker.ConstantBackoff(0)}))
 	}
+	if env.FailingSubs > 0 {
+		opts = append(opts, broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: W7MaxRetries, Backoff: broker.ConstantBackoff(env.RetryBackoff)}))
+	}
 	b, err := broker.New(append(opts, extra...)...)
 	if err != nil {
 		return nil, err
@@ -60,9 +65,13 @@ func newBroker(env *Env, extra ...broker.Option) (Instance, error) {
 	for t, name := range env.TopicNames {
 		for j := range env.Subs {
 			sub := env.Sub(t, j)
+			sopts := []broker.SubscribeOption{broker.Concurrency(env.Concurrency)}
+			if j < env.FailingSubs {
+				sopts = append(sopts, broker.WhenLaneFull(broker.DeadLetterNewest))
+			}
 			if _, err := b.Subscribe(name, "s"+strconv.Itoa(j), func(_ context.Context, m broker.Message) error {
 				return env.Handle(sub, ParseSeq(m.ID))
-			}, broker.Concurrency(env.Concurrency)); err != nil {
+			}, sopts...); err != nil {
 				_ = b.Close(context.Background())
 				return nil, err
 			}

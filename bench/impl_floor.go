@@ -39,6 +39,9 @@ func init() {
 }
 
 func newFloor(env *Env) (Instance, error) {
+	if env.FailingSubs > 0 {
+		return nil, errNotMeasured("the floor has no retry or give-up policy to compare")
+	}
 	f := &floorInst{env: env, chans: make([][]chan floorMsg, env.Topics)}
 	for t := range f.chans {
 		f.chans[t] = make([]chan floorMsg, env.Subs)

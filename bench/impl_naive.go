@@ -30,6 +30,8 @@ func init() {
 				return "naive: no concurrency option, delivers serially (1 worker)"
 			case w.FailEvery > 0:
 				return "naive: the article's inline retry (maxRetry 2), backoff 0 instead of its 50ms·n sleep"
+			case w.FailingSubs > 0:
+				return "naive: not run; its inline retry holds the topic's dispatcher for every backoff (see the cell)"
 			case w.PayloadSize > 64:
 				return "naive: Payload is a string as in the article (a view of the bytes, no copy)"
 			}
@@ -39,6 +41,10 @@ func init() {
 }
 
 func newNaive(env *Env) (Instance, error) {
+	if env.FailingSubs > 0 {
+		return nil, errNotMeasured(fmt.Sprintf("its dispatcher retries inline, so each message holds the topic for %v of backoff: %d messages would take %v",
+			W7MaxRetries*env.RetryBackoff, env.PerTopic, time.Duration(env.PerTopic)*W7MaxRetries*env.RetryBackoff))
+	}
 	n := &naiveInst{env: env, payload: bytesToString(env.Payload(0))}
 	n.b = naive.NewBroker(floorBuffer, 2, func(int) time.Duration { return 0 },
 		func(topic, sub string, m naive.Message, err error) {

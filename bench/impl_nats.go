@@ -85,6 +85,9 @@ func init() {
 }
 
 func newNATS(env *Env, js bool) (_ Instance, err error) {
+	if env.FailingSubs > 0 {
+		return nil, errNotMeasured("no in-process retry policy to compare (JetStream's NakWithDelay is the natsjs transport's business)")
+	}
 	n := &natsInst{env: env, js: js}
 	defer func() {
 		if err != nil {

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -33,6 +34,8 @@ func init() {
 				return "watermill: one Subscribe channel read by 8 goroutines, Ack each"
 			case w.FailEvery > 0:
 				return "watermill: Nack, GoChannel sends the message again at once"
+			case w.FailingSubs > 0:
+				return "watermill: the failing handler sleeps 10 ms and Nacks, up to 2 retries, then Acks (gives up); GoChannel's goroutine per message and subscriber keeps the other subscriber flowing"
 			}
 			return ""
 		},
@@ -51,6 +54,11 @@ func newWatermill(env *Env) (Instance, error) {
 				_ = wi.Close(context.Background())
 				return nil, err
 			}
+			if j < env.FailingSubs {
+				wi.wg.Add(1)
+				go wi.failing(ch, sub)
+				continue
+			}
 			for range env.Concurrency {
 				wi.wg.Add(1)
 				go func() {
@@ -67,6 +75,27 @@ func newWatermill(env *Env) (Instance, error) {
 		}
 	}
 	return wi, nil
+}
+
+// failing reads a W7 failing subscriber: each message is retried after a
+// sleep of the backoff (Nack), at most W7MaxRetries times, then given up
+// (Ack).
+func (wi *watermillInst) failing(ch <-chan *message.Message, sub int) {
+	defer wi.wg.Done()
+	tries := map[string]int{}
+	for msg := range ch {
+		if wi.env.Handle(sub, ParseSeq(msg.UUID)) == nil {
+			msg.Ack()
+			continue
+		}
+		if tries[msg.UUID]++; tries[msg.UUID] > W7MaxRetries {
+			delete(tries, msg.UUID)
+			msg.Ack()
+			continue
+		}
+		time.Sleep(wi.env.RetryBackoff)
+		msg.Nack()
+	}
 }
 
 func (wi *watermillInst) Publish(_ context.Context, _, topic, seq int) error {

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -106,7 +107,13 @@ func (t *Table) Write(w io.Writer) {
 		failures = append(failures, s)
 		return fmt.Sprintf("FAIL (F%d)", len(failures))
 	}
-	fail := func(r Result) string { return failure(fmt.Sprintf("%s %s: %v", r.Workload, r.Impl, r.Err)) }
+	fail := func(r Result) string {
+		if errors.Is(r.Err, ErrNotMeasured) {
+			note(fmt.Sprintf("%s %s: %v", r.Workload, r.Impl, r.Err))
+			return "n/a"
+		}
+		return failure(fmt.Sprintf("%s %s: %v", r.Workload, r.Impl, r.Err))
+	}
 	cell := func(w Workload, impl string) (Result, bool) {
 		r, ok := t.Cells[Key(w.Name, impl)]
 		return r, ok
