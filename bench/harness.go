@@ -32,8 +32,8 @@ type Workload struct {
 	// RetryBackoff apart, then give up on the message.
 	FailingSubs  int
 	RetryBackoff time.Duration
-	PayloadSize int           // payload bytes (at least 8)
-	Scale       float64       // message count relative to the run's base count (0 means 1)
+	PayloadSize  int     // payload bytes (at least 8)
+	Scale        float64 // message count relative to the run's base count (0 means 1)
 }
 
 // Messages returns the number of messages a cell of w publishes for a base
