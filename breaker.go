@@ -133,6 +133,9 @@ type breaker struct {
 	win     *slide.Window // retryable failures (A) and attempts (B), for FailureRatio
 	openFor time.Duration // the current (or next) open interval
 	probing bool          // a probe attempt is running (half open)
+	// announcing holds the probe back while the move to half open is
+	// reported.
+	announcing bool
 	timer   *time.Timer   // ends the open interval
 	trips   uint64        // times it opened
 }
@@ -143,7 +146,7 @@ func newBreaker(p BreakerPolicy) *breaker {
 
 // allows reports whether a worker may take a message now.
 func (b *breaker) allows() bool {
-	return b.state == BreakerClosed || (b.state == BreakerHalfOpen && !b.probing)
+	return b.state == BreakerClosed || (b.state == BreakerHalfOpen && !b.probing && !b.announcing)
 }
 
 // took notes that a worker took a message; it returns true when that

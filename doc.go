@@ -26,17 +26,26 @@
 // nothing else ("published" means "queued", never "handled"). One
 // dispatcher goroutine per topic takes messages in FIFO order, up to 64
 // under one lock, and copies each into the lane of every subscriber. Each
-// subscriber's workers take messages from their lanes (also up to 64 under
-// one lock) and run the delivery pipeline: dedup check,
-// attempt (handler with deadline and panic recovery), classify the error,
-// retry after a backoff or dead-letter, record stats, logs and observer
-// events.
+// subscriber's workers take messages from its lane (up to their share of 64
+// under one lock) and run the delivery pipeline: dedup check, attempt
+// (handler with deadline and panic recovery), classify the error, park for
+// a retry or dead-letter, record stats, logs and observer events.
 //
-// With Concurrency(n) a subscriber has n workers, each with its own part of
-// the lane; messages with the same Key (or, without a Key, the same ID) go
-// to the same worker, so order holds per key. A retry holds its worker
-// while it waits (head-of-line per key); other workers and other
-// subscribers are not held.
+// # Isolation
+//
+// A failed attempt that will be retried parks: it waits out its backoff on
+// a timer, holding only its ordering key (its Key; with [Ordered], the topic
+// for keyless messages), and its worker goes on with the next message whose
+// key is free. Later messages of the same key wait behind it, in order; any
+// idle worker of the subscriber takes any free key. So one failing
+// subscriber, or one failing key, costs its neighbours nothing while its
+// lane has room. Parked and held messages count against the lane; what
+// happens when it is full is the subscriber's [FullLanePolicy]: [Block]
+// (backpressure to the topic) or shedding with reason "overflow" at that
+// subscriber only. Opt-in protections decide what gives before that: a
+// [CircuitBreaker] pauses a subscriber whose retries keep failing, a
+// [RetryBudget] caps retries at a share of first attempts, a [RateLimit]
+// paces attempts.
 //
 // # Failure contract
 //
@@ -61,10 +70,12 @@
 //
 // # Backpressure
 //
-// Topic queues and subscriber lanes are bounded. A subscriber whose lane is
-// full holds up its topic's dispatcher, so the topic queue fills, and then
-// Publish waits at most the publish timeout (or until its context ends) and
-// returns [ErrQueueFull]. Memory stays bounded; nothing blocks forever.
+// Topic queues and subscriber lanes are bounded. Under [Block], a
+// subscriber whose lane is full holds up its topic's dispatcher, so the
+// topic queue fills, and then Publish waits at most the publish timeout (or
+// until its context ends) and returns [ErrQueueFull]; [TopicStats].BlockedOn
+// names the subscriber it waits for. Memory stays bounded; nothing blocks
+// forever.
 //
 // # Shutdown
 //

@@ -248,3 +248,149 @@ func ExampleBroker_Stats() {
 	//   fast: routed=10 delivered=10 queued=0 in_flight=0 backlog=0
 	//   slow: routed=10 delivered=10 queued=0 in_flight=0 backlog=0
 }
+
+// waitFor polls cond every millisecond, for at most five seconds.
+func waitFor(cond func() bool) bool {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return false
+}
+
+// A stuck webhook must not hold up billing: with WhenLaneFull its full lane
+// sheds (here the newest messages) as dead letters with reason "overflow",
+// at the webhook only, and billing gets everything.
+func ExampleWhenLaneFull() {
+	b, _ := broker.New(broker.WithLogger(quiet))
+	release := make(chan struct{})
+	_, _ = b.Subscribe("orders", "billing", func(ctx context.Context, m broker.Message) error { return nil })
+	_, _ = b.Subscribe("orders", "webhook", func(ctx context.Context, m broker.Message) error {
+		<-release // the remote end hangs
+		return nil
+	}, broker.LaneSize(2), broker.WhenLaneFull(broker.DeadLetterNewest))
+
+	publish := func(i int) { _ = b.Publish(context.Background(), broker.Message{ID: fmt.Sprint("o-", i), Topic: "orders"}) }
+	publish(0)
+	waitFor(func() bool { return b.Stats().Topics["orders"].Subscribers["webhook"].InFlight == 1 })
+	for i := 1; i < 6; i++ {
+		publish(i) // o-1 and o-2 fill the webhook's lane; o-3..o-5 do not fit
+	}
+	waitFor(func() bool { return b.Stats().Topics["orders"].Subscribers["billing"].Delivered == 6 })
+	dls, _ := b.DeadLetters().List(context.Background(), broker.DeadLetterFilter{Subscriber: "webhook"})
+	for _, dl := range dls {
+		fmt.Printf("dead letter %s reason=%s\n", dl.Message.ID, dl.Reason)
+	}
+	fmt.Println("billing delivered:", b.Stats().Topics["orders"].Subscribers["billing"].Delivered)
+	close(release)
+	_ = b.Close(context.Background())
+	// Output:
+	// dead letter o-3 reason=overflow
+	// dead letter o-4 reason=overflow
+	// dead letter o-5 reason=overflow
+	// billing delivered: 6
+}
+
+// breakerLog prints circuit breaker transitions (an Observer that also
+// implements BreakerObserver).
+type breakerLog struct {
+	broker.NopObserver
+	mu    sync.Mutex
+	lines []string
+	open  chan struct{}
+}
+
+func (l *breakerLog) BreakerChanged(e broker.BreakerEvent) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	line := fmt.Sprintf("breaker %s → %s", e.From, e.To)
+	if e.To == broker.BreakerOpen {
+		line += fmt.Sprintf(" for %v", e.OpenFor)
+		select {
+		case l.open <- struct{}{}:
+		default:
+		}
+	}
+	l.lines = append(l.lines, line)
+}
+
+func (l *breakerLog) add(line string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, line)
+}
+
+// A circuit breaker pauses a subscriber whose dependency is down: after
+// three failures in a row no attempt runs (none is burnt) until one probe,
+// after the open interval, finds the dependency back.
+func ExampleCircuitBreaker() {
+	log := &breakerLog{open: make(chan struct{}, 1)}
+	b, _ := broker.New(broker.WithLogger(quiet), broker.WithObserver(log),
+		broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 5, Backoff: broker.ConstantBackoff(5 * time.Millisecond)}))
+	var mu sync.Mutex
+	down := true
+	_, _ = b.Subscribe("emails", "smtp", func(ctx context.Context, m broker.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if down {
+			log.add(fmt.Sprintf("attempt %d fails", m.Attempt))
+			return errors.New("smtp: connection refused")
+		}
+		log.add(fmt.Sprintf("attempt %d delivered", m.Attempt))
+		return nil
+	}, broker.CircuitBreaker(broker.BreakerPolicy{Failures: 3, OpenFor: 50 * time.Millisecond}))
+
+	_ = b.Publish(context.Background(), broker.Message{ID: "welcome-1", Topic: "emails"})
+	<-log.open // the breaker opened: mend the dependency while it waits
+	mu.Lock()
+	down = false
+	mu.Unlock()
+	_ = b.Close(context.Background())
+	for _, l := range log.lines {
+		fmt.Println(l)
+	}
+	// Output:
+	// attempt 1 fails
+	// attempt 2 fails
+	// attempt 3 fails
+	// breaker closed → open for 50ms
+	// breaker open → half_open
+	// attempt 4 delivered
+	// breaker half_open → closed
+}
+
+// Keyless messages are ordered only by dispatch: a retry does not hold the
+// messages behind it. Ordered makes them strict FIFO through retries.
+func ExampleOrdered() {
+	for _, ordered := range []bool{false, true} {
+		b, _ := broker.New(broker.WithLogger(quiet),
+			broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 1, Backoff: broker.ConstantBackoff(100 * time.Millisecond)}))
+		var j journal
+		var opts []broker.SubscribeOption
+		if ordered {
+			opts = append(opts, broker.Ordered())
+		}
+		_, _ = b.Subscribe("audit", "store", func(ctx context.Context, m broker.Message) error {
+			j.add("store", "%s#%d", m.ID, m.Attempt)
+			if m.ID == "a" && m.Attempt == 1 {
+				return errors.New("disk busy")
+			}
+			return nil
+		}, opts...)
+		for _, id := range []string{"a", "b", "c"} {
+			_ = b.Publish(context.Background(), broker.Message{ID: id, Topic: "audit"})
+		}
+		_ = b.Close(context.Background())
+		fmt.Printf("ordered=%v:", ordered)
+		j.mu.Lock()
+		for _, l := range j.lines["store"] {
+			fmt.Print(" ", l)
+		}
+		j.mu.Unlock()
+		fmt.Println()
+	}
+	// Output:
+	// ordered=false: a#1 b#1 c#1 a#2
+	// ordered=true: a#1 a#2 b#1 c#1
+}

@@ -484,17 +484,23 @@ func (l *lane) unpark(p *parked) {
 	l.enqueueLocked(p.it)
 }
 
-// halfOpen is the breaker timer's callback.
+// halfOpen is the breaker timer's callback. The transition is reported
+// before the probe may start, so that observers see it first.
 func (l *lane) halfOpen() {
 	l.mu.Lock()
 	changed := l.br.halfOpen()
-	if changed {
-		l.work.Signal()
-	}
+	l.br.announcing = changed
 	l.mu.Unlock()
-	if changed && l.onBreaker != nil {
+	if !changed {
+		return
+	}
+	if l.onBreaker != nil {
 		l.onBreaker(BreakerOpen, BreakerHalfOpen)
 	}
+	l.mu.Lock()
+	l.br.announcing = false
+	l.work.Signal()
+	l.mu.Unlock()
 }
 
 // close refuses further pushes; the workers finish what is left.

@@ -17,9 +17,11 @@ type Message struct {
 	ID string
 	// Topic routes the message. Required.
 	Topic string
-	// Key is an optional ordering key. Messages with the same Key reach the
-	// same worker of a subscriber, in publish order; without a Key the ID is
-	// used.
+	// Key is an optional ordering key: at each subscriber, messages with
+	// the same Key run one at a time, in publish order, and a retry holds
+	// only its Key (later messages of the Key wait behind it; other keys go
+	// on). Without a Key a message is ordered only by dispatch, unless the
+	// subscriber is Ordered.
 	Key string
 	// Payload is the body, passed through untouched.
 	Payload []byte
