@@ -136,8 +136,8 @@ type breaker struct {
 	// announcing holds the probe back while the move to half open is
 	// reported.
 	announcing bool
-	timer   *time.Timer   // ends the open interval
-	trips   uint64        // times it opened
+	timer      *time.Timer // ends the open interval
+	trips      uint64      // times it opened
 }
 
 func newBreaker(p BreakerPolicy) *breaker {

@@ -271,7 +271,9 @@ func ExampleWhenLaneFull() {
 		return nil
 	}, broker.LaneSize(2), broker.WhenLaneFull(broker.DeadLetterNewest))
 
-	publish := func(i int) { _ = b.Publish(context.Background(), broker.Message{ID: fmt.Sprint("o-", i), Topic: "orders"}) }
+	publish := func(i int) {
+		_ = b.Publish(context.Background(), broker.Message{ID: fmt.Sprint("o-", i), Topic: "orders"})
+	}
 	publish(0)
 	waitFor(func() bool { return b.Stats().Topics["orders"].Subscribers["webhook"].InFlight == 1 })
 	for i := 1; i < 6; i++ {
