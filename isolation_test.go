@@ -346,6 +346,7 @@ func TestFullLanePolicies(t *testing.T) {
 				if tt.policy == Block {
 					assert.Equal(t, 11, other.len())
 					assert.Equal(t, 11, stuck.len())
+					assert.GreaterOrEqual(t, subStats(t, b, "t", "stuck").BlockedFor, time.Second, "the wait, once over, is in the total")
 				} else {
 					assert.Equal(t, 10-len(tt.wantShed), stuck.len())
 				}
@@ -638,4 +639,30 @@ func TestProtectionOptionsValidation(t *testing.T) {
 			assert.ErrorIs(t, err, ErrInvalidOption)
 		})
 	}
+}
+
+// A parked message whose ID was delivered meanwhile (a copy with another
+// Key, by another worker) is deduplicated when its retry comes, not run
+// again.
+func TestRetryOfADeliveredIDIsDeduplicated(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: 1, Backoff: ConstantBackoff(time.Minute)}))
+		var got calls
+		_, err := b.Subscribe("t", "s", recording(&got, func(m Message) error {
+			if m.Key == "a" {
+				return errBoom
+			}
+			return nil
+		}), Concurrency(2))
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "x", Topic: "t", Key: "a"}))
+		idle() // fails, parks for a minute
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "x", Topic: "t", Key: "b"}))
+		settle(t, b)
+		assert.Equal(t, []int{1, 1}, got.attempts("x"), "the parked copy did not run again")
+		ss := subStats(t, b, "t", "s")
+		assert.Equal(t, uint64(1), ss.Delivered)
+		assert.Equal(t, uint64(1), ss.Deduplicated)
+		assert.Zero(t, ss.DeadLettered)
+	})
 }

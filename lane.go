@@ -154,7 +154,7 @@ func (l *lane) waitingLocked() int {
 	return l.queued.Len() + l.held + len(l.parked) + int(l.local.Load())
 }
 
-// idleLocked reports that a closed lane has nothing left to do.
+// doneLocked reports that a closed lane has nothing left to do.
 func (l *lane) doneLocked() bool {
 	return l.closed && l.waitingLocked() == 0 && l.running.Load() == 0
 }
@@ -266,7 +266,7 @@ func (l *lane) enqueueLocked(it laneItem) {
 	l.wakeLocked(1)
 }
 
-// releaseLocked frees it's ordering key: the next message held behind it is
+// releaseLocked frees its ordering key: the next message held behind it is
 // queued.
 func (l *lane) releaseLocked(it *laneItem) {
 	k, ok := l.orderingKey(&it.env.msg)
