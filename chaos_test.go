@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -289,10 +290,18 @@ func (r *chaosRun) handler(s *chaosSub, gen int) Handler {
 			call.behaviour, err = "permanent", Permanent(errBoom)
 		case p < 85:
 			call.behaviour, err = "retry-after", RetryAfter(errBoom, time.Duration(rng.IntN(5))*time.Millisecond)
-		case p < 88:
+		case p < 86:
 			call.behaviour = "panic"
 			defer func() { r.record(call) }() // recorded even though it panics
 			panic("chaos")
+		case p < 87:
+			call.behaviour = "panic" // a typed nil error ends like a panic
+			var e *nilErr
+			err = e
+		case p < 88:
+			call.behaviour = "panic" // so does runtime.Goexit (t.FailNow)
+			defer func() { r.record(call) }()
+			runtime.Goexit()
 		case p < 95:
 			call.behaviour = "slow"
 			time.Sleep(s.timeout + time.Millisecond)

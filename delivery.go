@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"reflect"
 	"time"
 )
 
@@ -28,7 +30,7 @@ type pipeline struct {
 	budget  *retryBudget            // nil: retries are not budgeted
 	rec     recorder
 
-	overflowErr error // the error of its overflow dead letters, made once
+	overflowFault fault // the fault of its overflow dead letters, made once
 }
 
 // newOverflowError is the error of a subscriber's overflow dead letters.
@@ -51,12 +53,10 @@ const redriveMark = -1
 
 // step is what follows a failed attempt.
 type step struct {
+	fault                   // the failure
 	outcome   Outcome       // OutcomeRetry or OutcomeDeadLettered
 	delay     time.Duration // before the retry
-	code      string        // error code
-	retryable bool          // the policy allows retries for code
 	reason    string        // dead-letter reason
-	err       error         // the handler's error
 	took      time.Duration // handler run time
 }
 
@@ -98,7 +98,7 @@ func (p *pipeline) turn(ctx context.Context, it *laneItem) turnResult {
 	if p.budget != nil && msg.Attempt == 1 {
 		p.budget.first(time.Now())
 	}
-	err, timedOut, took := p.attempt(ctx, msg)
+	err, f, took := p.attempt(ctx, msg)
 	if err == nil {
 		if p.dedup != nil {
 			p.record(&d)
@@ -106,7 +106,14 @@ func (p *pipeline) turn(ctx context.Context, it *laneItem) turnResult {
 		p.rec.delivered(msg, took)
 		return turnResult{ended: true, health: healthOK}
 	}
-	s := p.judge(ctx, msg, err, timedOut, took)
+	return p.after(ctx, it, err, f, took)
+}
+
+// after decides and records what follows a failed attempt of it: a retry
+// (it.last holds the failure) or a dead letter.
+func (p *pipeline) after(ctx context.Context, it *laneItem, err error, f failure, took time.Duration) turnResult {
+	msg := &it.env.msg
+	s := p.judge(ctx, msg, err, f, took)
 	h := healthNone
 	if s.retryable {
 		h = healthFail
@@ -115,15 +122,27 @@ func (p *pipeline) turn(ctx context.Context, it *laneItem) turnResult {
 		s.outcome, s.reason = OutcomeDeadLettered, ReasonBudget
 	}
 	if s.outcome == OutcomeDeadLettered {
-		p.rec.deadLetter(msg, s.took, s.code, s.retryable, s.reason, s.err, true)
+		p.rec.deadLetter(msg, s.took, s.reason, s.fault, true)
 		return turnResult{ended: true, health: h}
 	}
-	p.rec.retrying(msg, s.took, s.code, s.delay, s.err)
+	p.rec.retrying(msg, s.took, s.delay, s.fault)
 	if it.last == nil {
 		it.last = new(step)
 	}
 	*it.last = s
 	return turnResult{delay: s.delay, health: h}
+}
+
+// errGoexit is the panic value of an attempt whose handler called
+// runtime.Goexit.
+var errGoexit = errors.New("handler called runtime.Goexit")
+
+// goexited ends the attempt of it whose handler called runtime.Goexit, as
+// if it had panicked.
+func (p *pipeline) goexited(ctx context.Context, it *laneItem) turnResult {
+	p.rec.c.failed.Add(1)
+	pe := newPanicError(errGoexit)
+	return p.after(ctx, it, pe, failure{code: CodePanic, text: pe.Error()}, 0)
 }
 
 // cutOff ends it, which a Close or Unsubscribe whose context ended took
@@ -141,21 +160,20 @@ func (p *pipeline) cutOff(ctx context.Context, it *laneItem) {
 		}
 	}
 	if it.last == nil || msg.Attempt == 0 {
-		p.rec.deadLetter(msg, 0, abortCode(ctx), false, abortReason(ctx), context.Cause(ctx), false)
+		p.rec.deadLetter(msg, 0, abortReason(ctx), brokerFault(abortCode(ctx), context.Cause(ctx)), false)
 		return
 	}
-	p.rec.deadLetter(msg, 0, it.last.code, it.last.retryable, abortReason(ctx), it.last.err, false)
+	p.rec.deadLetter(msg, 0, abortReason(ctx), it.last.fault, false)
 }
 
 // overflow dead-letters it, shed from a full lane.
 func (p *pipeline) overflow(it *laneItem) {
 	msg := &it.env.msg
-	err := p.overflowErr
 	if it.last != nil {
-		p.rec.deadLetter(msg, 0, it.last.code, it.last.retryable, ReasonOverflow, err, false)
+		p.rec.deadLetter(msg, 0, ReasonOverflow, it.last.fault, false)
 		return
 	}
-	p.rec.deadLetter(msg, 0, CodeOverflow, false, ReasonOverflow, err, false)
+	p.rec.deadLetter(msg, 0, ReasonOverflow, p.overflowFault, false)
 }
 
 // prefetch asks for the default dedup store's memory for env, ahead of its
@@ -225,32 +243,32 @@ func (p *pipeline) logStoreError(op, id string, err error) {
 		slog.String("subscriber", p.rec.subscriber), slog.String("error", err.Error()))
 }
 
-// attempt runs the handler once for msg (msg.Attempt set): its error,
-// whether its deadline had passed, and its run time (measured only for the
+// attempt runs the handler once for msg (msg.Attempt set): its error, the
+// failure it is classified as, and its run time (measured only for the
 // observer). A successful attempt is counted with the delivery (one counter
 // fewer on the hot path), a failed one here.
-func (p *pipeline) attempt(ctx context.Context, msg *Message) (err error, timedOut bool, took time.Duration) {
+func (p *pipeline) attempt(ctx context.Context, msg *Message) (err error, f failure, took time.Duration) {
 	timed := p.rec.obs != nil
 	var start time.Time
 	if timed {
 		start = time.Now()
 	}
-	err, timedOut = p.call(ctx, msg)
+	err, timedOut := p.call(ctx, msg)
 	if timed {
 		took = time.Since(start)
 	}
 	if err != nil {
 		p.rec.c.failed.Add(1)
+		err, f = vetError(err, timedOut)
 	}
-	return err, timedOut, took
+	return err, f, took
 }
 
 // judge decides what follows a failed attempt.
-func (p *pipeline) judge(ctx context.Context, msg *Message, err error, timedOut bool, took time.Duration) step {
-	s := step{err: err, took: took}
-	f := classify(err, timedOut)
+func (p *pipeline) judge(ctx context.Context, msg *Message, err error, f failure, took time.Duration) step {
+	s := step{fault: fault{code: f.code, err: err, text: f.text}, took: took}
 	v := p.policy.decide(f, msg.Attempt)
-	s.code, s.retryable = f.code, v.retryable
+	s.retryable = v.retryable
 	switch {
 	case ctx.Err() != nil: // stopped while running: not retried
 		s.outcome, s.reason = OutcomeDeadLettered, abortReason(ctx)
@@ -281,13 +299,49 @@ func (p *pipeline) call(ctx context.Context, msg *Message) (err error, timedOut 
 	return err, timedOut
 }
 
+// safeCall runs the handler on its own copy of the message, with its own
+// copy of Headers (it may add to them), turning a panic into a *PanicError.
 func (p *pipeline) safeCall(ctx context.Context, msg *Message) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = newPanicError(v)
 		}
 	}()
-	return p.handler(ctx, *msg) // the handler gets its own copy
+	m := *msg
+	if m.Headers != nil {
+		m.Headers = maps.Clone(m.Headers)
+	}
+	return p.handler(ctx, m)
+}
+
+// vetError classifies a handler's error and reads its text once, so that
+// nothing later calls a method of it that might panic. A typed nil (a nil
+// *T returned as an error) or an error whose Error, ErrorCode, Is, As or
+// Unwrap panics is treated like a panic: a *PanicError, code "panic".
+func vetError(err error, timedOut bool) (out error, f failure) {
+	if isNil(err) {
+		pe := &PanicError{Value: fmt.Sprintf("handler returned a nil %T as its error", err)}
+		return pe, failure{code: CodePanic, text: pe.Error()}
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			pe := newPanicError(fmt.Sprintf("a method of the handler's error (%T) panicked: %v", err, v))
+			out, f = pe, failure{code: CodePanic, text: pe.Error()}
+		}
+	}()
+	f = classify(err, timedOut)
+	f.text = err.Error()
+	return err, f
+}
+
+// isNil reports whether err holds a nil pointer (or map, slice, func,
+// channel): a typed nil, whose methods may panic.
+func isNil(err error) bool {
+	switch v := reflect.ValueOf(err); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
 }
 
 // sleep waits d, or until ctx ends.

@@ -258,11 +258,26 @@ func (r *recorder) attempted(msg *Message, d time.Duration, code string, retryab
 	}
 }
 
+// fault is why a message failed: its code, whether the policy retries it,
+// the error, and the error's text, read once (a handler's error may not be
+// safe to ask twice; see vetError).
+type fault struct {
+	code      string
+	retryable bool
+	err       error
+	text      string
+}
+
+// brokerFault is a fault of the broker's own making (shutdown, overflow).
+func brokerFault(code string, err error) fault {
+	return fault{code: code, err: err, text: err.Error()}
+}
+
 func (r *recorder) delivered(msg *Message, d time.Duration) {
 	r.c.delivered.Add(1)
 	r.attempted(msg, d, "", false, OutcomeDelivered, 0, nil)
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {
-		r.logAttrs(slog.LevelDebug, "broker: delivered", msg, "", false, OutcomeDelivered, nil)
+		r.logAttrs(slog.LevelDebug, "broker: delivered", msg, fault{}, OutcomeDelivered)
 	}
 }
 
@@ -270,15 +285,15 @@ func (r *recorder) deduplicated(msg *Message) {
 	r.c.deduplicated.Add(1)
 	r.attempted(msg, 0, "", false, OutcomeDeduplicated, 0, nil)
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {
-		r.logAttrs(slog.LevelDebug, "broker: duplicate skipped", msg, "", false, OutcomeDeduplicated, nil)
+		r.logAttrs(slog.LevelDebug, "broker: duplicate skipped", msg, fault{}, OutcomeDeduplicated)
 	}
 }
 
-func (r *recorder) retrying(msg *Message, d time.Duration, code string, delay time.Duration, err error) {
+func (r *recorder) retrying(msg *Message, d, delay time.Duration, f fault) {
 	r.c.retries.Add(1)
-	r.attempted(msg, d, code, true, OutcomeRetry, delay, err)
+	r.attempted(msg, d, f.code, true, OutcomeRetry, delay, f.err)
 	if r.log.Enabled(context.Background(), slog.LevelInfo) {
-		r.logAttrs(slog.LevelInfo, "broker: attempt failed, retrying", msg, code, true, OutcomeRetry, err,
+		r.logAttrs(slog.LevelInfo, "broker: attempt failed, retrying", msg, f, OutcomeRetry,
 			slog.Duration("delay", delay))
 	}
 }
@@ -286,19 +301,18 @@ func (r *recorder) retrying(msg *Message, d time.Duration, code string, delay ti
 // deadLetter puts msg into the store, then counts it; the dead letter is in
 // the store before it is counted. attempted says that msg.Attempt just ran
 // and has no event yet.
-func (r *recorder) deadLetter(msg *Message, d time.Duration, code string, retryable bool, reason string, err error, attempted bool) {
+func (r *recorder) deadLetter(msg *Message, d time.Duration, reason string, f fault, attempted bool) {
+	code, retryable := f.code, f.retryable
 	dl := DeadLetter{
 		ID:         r.newID(),
 		Message:    *msg,
 		Subscriber: r.subscriber,
 		Attempts:   msg.Attempt,
 		ErrorCode:  code,
+		Error:      f.text,
 		Retryable:  retryable,
 		Reason:     reason,
 		FailedAt:   time.Now(),
-	}
-	if err != nil {
-		dl.Error = err.Error()
 	}
 	storeErr := r.dlq.Put(context.Background(), dl)
 	if storeErr != nil {
@@ -307,7 +321,7 @@ func (r *recorder) deadLetter(msg *Message, d time.Duration, code string, retrya
 	r.c.deadLettered.Add(1)
 	r.onDeadLetter(reason)
 	if attempted {
-		r.attempted(msg, d, code, retryable, OutcomeDeadLettered, 0, err)
+		r.attempted(msg, d, code, retryable, OutcomeDeadLettered, 0, f.err)
 	}
 	if r.obs != nil {
 		r.obs.DeadLettered(DeadLetterEvent{DeadLetter: dl, StoreErr: storeErr})
@@ -321,23 +335,23 @@ func (r *recorder) deadLetter(msg *Message, d time.Duration, code string, retrya
 		if storeErr != nil {
 			attrs = append(attrs, slog.String("store_error", storeErr.Error()))
 		}
-		r.logAttrs(level, "broker: dead-lettered", msg, code, retryable, OutcomeDeadLettered, err, attrs...)
+		r.logAttrs(level, "broker: dead-lettered", msg, f, OutcomeDeadLettered, attrs...)
 	}
 }
 
-func (r *recorder) logAttrs(level slog.Level, text string, msg *Message, code string, retryable bool, out Outcome, err error, extra ...slog.Attr) {
+func (r *recorder) logAttrs(level slog.Level, text string, msg *Message, f fault, out Outcome, extra ...slog.Attr) {
 	attrs := make([]slog.Attr, 0, 9+len(extra))
 	attrs = append(attrs,
 		slog.String("topic", r.topic),
 		slog.String("message_id", msg.ID),
 		slog.String("subscriber", r.subscriber),
 		slog.Int("attempt", msg.Attempt),
-		slog.String("error_code", code),
-		slog.Bool("retryable", retryable),
+		slog.String("error_code", f.code),
+		slog.Bool("retryable", f.retryable),
 		slog.String("final_state", string(out)),
 	)
-	if err != nil {
-		attrs = append(attrs, slog.String("error", err.Error()))
+	if f.text != "" {
+		attrs = append(attrs, slog.String("error", f.text))
 	}
 	attrs = append(attrs, extra...)
 	r.log.LogAttrs(context.Background(), level, text, attrs...)

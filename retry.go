@@ -182,6 +182,7 @@ type failure struct {
 	code      string
 	permanent bool          // Permanent(err): never retried
 	after     time.Duration // RetryAfter: the least delay before a retry
+	text      string        // the error's text, read once
 }
 
 // coder is an error that names its own code.

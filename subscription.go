@@ -116,7 +116,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 		s.pipe.budget = newRetryBudget(*sc.budget)
 	}
 	if sc.whenFull != Block {
-		s.pipe.overflowErr = newOverflowError(topicName, name)
+		s.pipe.overflowFault = brokerFault(CodeOverflow, newOverflowError(topicName, name))
 	}
 	if b.mem != nil {
 		s.pipe.mem, s.pipe.salt = b.mem, b.mem.salt(topicName, name)
@@ -139,41 +139,77 @@ const prefetchAhead = 2
 // lane, runs its turn (one attempt), and hands it back to the lane, which
 // parks it for its retry or frees its ordering key. It returns when the
 // lane is closed and finished, or stopped at once.
-func (s *Subscription) work() {
-	defer s.b.wg.Done()
-	defer func() {
-		if s.live.Add(-1) == 0 {
-			close(s.done)
-		}
-	}()
+func (s *Subscription) work() { s.workFrom(nil) }
+
+// workFrom is work, starting with carry: messages a worker ended by
+// runtime.Goexit had taken and not started.
+func (s *Subscription) workFrom(carry []laneItem) {
 	// The batch lives on the worker's stack: copying messages into it needs
 	// no GC write barriers, which a heap buffer costs (-15% on W1).
 	var buf [laneBatch]laneItem
-	for {
-		batch, probe, ok := s.lane.take(buf[:0])
-		if !ok {
+	batch := append(buf[:0], carry...)
+	var probe, started, returned bool
+	i := 0
+	defer func() {
+		if returned {
+			if s.live.Add(-1) == 0 {
+				close(s.done)
+			}
+			s.b.wg.Done()
 			return
 		}
-		for i := range batch {
+		// runtime.Goexit (what t.FailNow does) ended this goroutine, in a
+		// handler most likely: its message ends as a panic would end it,
+		// and a new worker takes over the rest of the batch (and this
+		// worker's place in the WaitGroup).
+		var rest []laneItem
+		if len(batch) > 0 {
+			rest = append(rest, batch[i+1:]...)
+			if started {
+				s.end(&batch[i], s.pipe.goexited(s.ctx, &batch[i]), probe)
+			} else {
+				rest = append([]laneItem{batch[i]}, rest...)
+			}
+		}
+		go s.workFrom(rest)
+	}()
+	for {
+		if len(batch) == 0 {
+			var ok bool
+			batch, probe, ok = s.lane.take(buf[:0])
+			if !ok {
+				returned = true
+				return
+			}
+		}
+		for i = range batch {
 			if i+prefetchAhead < len(batch) {
 				s.pipe.prefetch(&batch[i+prefetchAhead].env)
 			}
 			it := &batch[i]
 			s.lane.start()
+			started = true
 			if s.limiter != nil {
 				s.limiter.wait(s.ctx) // cut short by a stop: the turn dead-letters it
 			}
-			r := s.pipe.turn(s.ctx, it)
-			from, to, orphan := s.lane.finish(it, r.ended, r.delay, r.health, probe)
-			if to != "" {
-				s.breakerChanged(from, to)
-			}
-			if orphan {
-				s.pipe.cutOff(s.ctx, it)
-				s.lane.dropped()
-			}
+			s.end(it, s.pipe.turn(s.ctx, it), probe)
+			started = false
 		}
 		clear(batch) // drop references for the garbage collector
+		batch = batch[:0]
+	}
+}
+
+// end hands a message back to the lane after its turn: it ended, or it
+// parks for its retry.
+func (s *Subscription) end(it *laneItem, r turnResult, probe bool) {
+	from, to, orphan := s.lane.finish(it, r.ended, r.delay, r.health, probe)
+	if to != "" {
+		s.breakerChanged(from, to)
+	}
+	if orphan {
+		s.pipe.cutOff(s.ctx, it)
+		s.lane.dropped()
 	}
 }
 

@@ -1,0 +1,121 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// This file tests SPEC.md "Shutdown and lifecycle": everything a user
+// plugs in is guarded, and a handler's odd outcomes end its message like a
+// panic while its worker goes on.
+
+type nilErr struct{ msg string }
+
+func (e *nilErr) Error() string { return e.msg } // panics on a nil receiver
+
+type panickyText struct{}
+
+func (panickyText) Error() string { panic("Error() exploded") }
+
+type panickyCode struct{}
+
+func (panickyCode) Error() string     { return "coded" }
+func (panickyCode) ErrorCode() string { panic("ErrorCode() exploded") }
+
+// A handler that returns a typed nil, an error whose Error or ErrorCode
+// panics, or that calls runtime.Goexit gets an outcome like a panic: its
+// message is dead-lettered with code "panic", the process lives, and the
+// worker goes on to the next message.
+func TestOddHandlerOutcomesEndLikeAPanic(t *testing.T) {
+	tests := []struct {
+		name string
+		bad  func() error
+		text string
+	}{
+		{"typed nil error", func() error { var e *nilErr; return e }, "nil *broker.nilErr"},
+		{"Error panics", func() error { return panickyText{} }, "Error() exploded"},
+		{"ErrorCode panics", func() error { return panickyCode{} }, "ErrorCode() exploded"},
+		{"Goexit", func() error { runtime.Goexit(); return nil }, errGoexit.Error()},
+		{"Goexit after a retry", nil, errGoexit.Error()},
+	}
+	for _, tt := range tests {
+		for _, workers := range []int{1, 3} {
+			t.Run(fmt.Sprintf("%s/concurrency %d", tt.name, workers), func(t *testing.T) {
+				bubble(t, func(t *testing.T) {
+					b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: 1, Backoff: ConstantBackoff(time.Second)}))
+					var got calls
+					_, err := b.Subscribe("t", "s", recording(&got, func(m Message) error {
+						if m.ID != "bad" {
+							return nil
+						}
+						if tt.bad == nil { // fails once, then calls Goexit on its retry
+							if m.Attempt == 1 {
+								return errBoom
+							}
+							runtime.Goexit()
+						}
+						return tt.bad()
+					}), Concurrency(workers))
+					require.NoError(t, err)
+					publishN(t, b, "t", "before", 3)
+					require.NoError(t, b.Publish(context.Background(), Message{ID: "bad", Topic: "t"}))
+					publishN(t, b, "t", "after", 5)
+					settle(t, b)
+					dls := deadLetters(t, b)
+					require.Len(t, dls, 1)
+					assert.Equal(t, "bad", dls[0].Message.ID)
+					assert.Equal(t, CodePanic, dls[0].ErrorCode)
+					assert.Equal(t, ReasonPermanent, dls[0].Reason)
+					assert.Contains(t, dls[0].Error, tt.text)
+					ss := subStats(t, b, "t", "s")
+					assert.Equal(t, uint64(8), ss.Delivered, "the worker went on")
+					assert.Equal(t, uint64(got.len()), ss.Attempts)
+					requireConserved(t, b.Stats())
+					require.NoError(t, b.Close(context.Background()))
+				})
+			})
+		}
+	}
+}
+
+// Each handler gets its own copy of Headers: handlers that add to theirs
+// race with nobody (run under -race), and the publisher's map is untouched.
+func TestEachHandlerGetsItsOwnHeaders(t *testing.T) {
+	b := newTestBroker(t)
+	var wg sync.WaitGroup
+	const subs, msgs = 4, 50
+	wg.Add(subs * msgs)
+	seen := make(chan string, subs*msgs)
+	for i := range subs {
+		_, err := b.Subscribe("t", fmt.Sprint("s", i), func(_ context.Context, m Message) error {
+			defer wg.Done()
+			m.Headers["traceparent"] = fmt.Sprint("span-", i) // a tracing middleware would
+			seen <- m.Headers["tenant"]
+			return nil
+		}, Concurrency(2))
+		require.NoError(t, err)
+	}
+	published := make([]map[string]string, msgs)
+	for i := range msgs {
+		published[i] = map[string]string{"tenant": "acme"}
+		require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprint("m", i), Topic: "t", Headers: published[i]}))
+	}
+	wg.Wait()
+	close(seen)
+	for v := range seen {
+		require.Equal(t, "acme", v)
+	}
+	for _, h := range published {
+		assert.Equal(t, map[string]string{"tenant": "acme"}, h, "the publisher's map is not written")
+	}
+}
+
+var _ = errors.New
