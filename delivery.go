@@ -53,11 +53,11 @@ const redriveMark = -1
 
 // step is what follows a failed attempt.
 type step struct {
-	fault                   // the failure
-	outcome   Outcome       // OutcomeRetry or OutcomeDeadLettered
-	delay     time.Duration // before the retry
-	reason    string        // dead-letter reason
-	took      time.Duration // handler run time
+	fault                 // the failure
+	outcome Outcome       // OutcomeRetry or OutcomeDeadLettered
+	delay   time.Duration // before the retry
+	reason  string        // dead-letter reason
+	took    time.Duration // handler run time
 }
 
 // turnResult is what a turn left of a message.
