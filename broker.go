@@ -35,7 +35,9 @@ type Broker struct {
 	wg       sync.WaitGroup          // dispatchers and workers
 
 	closeDone   chan struct{} // closed when the first Close returned
+	closeErr    error         // the first Close's result, set before closeDone is closed
 	shutdownDLs atomic.Int64  // dead letters with reason "shutdown"
+	abandoned   atomic.Int64  // handlers Close abandoned
 
 	dlPrefix string        // makes dead-letter IDs unique across brokers
 	dlSeq    atomic.Uint64 // dead-letter sequence
@@ -178,18 +180,29 @@ func (b *Broker) topicLocked(name string) *topic {
 	return t
 }
 
+// ShutdownGrace is how long Close and Unsubscribe wait, once their context
+// ended and they cancelled the handlers' contexts, for the handlers to
+// return. A handler still running then is abandoned: its message is
+// dead-lettered (counted in DrainError.Abandoned), and what it returns
+// later is logged and ignored.
+const ShutdownGrace = 250 * time.Millisecond
+
 // Close shuts the broker down without losing a message. It refuses new
 // publishes (ErrClosed), then delivers everything queued, retries included,
 // until ctx ends. If ctx ends first, it cancels the running handlers'
-// contexts, waits for them to return, and puts every unfinished message into
+// contexts (their context.Cause matches ErrClosed), waits at most
+// ShutdownGrace for them to return, and puts every unfinished message into
 // the dead-letter store with reason "shutdown"; it then returns a
-// *DrainError saying how many (it unwraps to ctx's error). When Close
-// returns, every goroutine of the broker has ended and no handler runs.
+// *DrainError saying how many (it unwraps to ctx's error). Like
+// http.Server.Shutdown, it honours its context: a handler that ignores its
+// own is abandoned after the grace, and is the only goroutine of the broker
+// that may outlive Close. Otherwise every goroutine of the broker has ended
+// when Close returns, and no attempt starts after it.
 //
-// A handler that ignores its context holds Close up. Close must not be
-// called from a handler of this broker: it would wait for that handler to
-// return. Calling Close again is safe: it waits for the first call to
-// finish (or ctx to end) and returns nil.
+// Close must not be called from a handler of this broker without a
+// deadline: it would wait for that handler to return. Calling Close again
+// is safe: it waits for the first call to finish (or ctx to end) and
+// returns the first call's result.
 func (b *Broker) Close(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
@@ -201,7 +214,7 @@ func (b *Broker) Close(ctx context.Context) error {
 	if !first {
 		select {
 		case <-b.closeDone:
-			return nil
+			return b.closeErr
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -224,14 +237,28 @@ func (b *Broker) Close(ctx context.Context) error {
 				s.stopNow()
 			}
 		}
-		<-drained
+		grace := time.NewTimer(ShutdownGrace)
+		select {
+		case <-drained:
+		case <-grace.C:
+			for _, t := range topics {
+				for _, s := range t.activeSubs() {
+					s.abandon()
+				}
+			}
+			<-drained // the workers left return at once: their contexts are cancelled
+		}
+		grace.Stop()
 	}
 	b.abort(errShutdown) // release the context's resources
-	defer close(b.closeDone)
-	if n := b.shutdownDLs.Load(); n > 0 {
-		return &DrainError{Reason: ReasonShutdown, DeadLettered: int(n), Err: ctx.Err()}
+	for _, t := range topics {
+		t.deactivate()
 	}
-	return nil
+	if n := b.shutdownDLs.Load(); n > 0 {
+		b.closeErr = &DrainError{Reason: ReasonShutdown, DeadLettered: int(n), Abandoned: int(b.abandoned.Load()), Err: ctx.Err()}
+	}
+	close(b.closeDone)
+	return b.closeErr
 }
 
 // DeadLetters returns the dead-letter store, to list, inspect and delete

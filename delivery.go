@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"reflect"
+	"sync/atomic"
 	"time"
 )
 
@@ -65,6 +66,9 @@ type turnResult struct {
 	ended  bool          // delivered, deduplicated or dead-lettered
 	delay  time.Duration // else: park this long, then run the next turn
 	health health        // what the attempt says about the subscriber, for its breaker
+
+	abandoned bool  // a stop gave up on the handler while it ran: nothing was recorded
+	err       error // what the abandoned handler returned
 }
 
 // turn runs the next attempt of it — after the dedup check, which a
@@ -74,10 +78,17 @@ type turnResult struct {
 // with errShutdown or errUnsubscribed as its cause, when the subscription
 // must stop at once: then the message is dead-lettered with that reason
 // instead of being attempted or retried.
-func (p *pipeline) turn(ctx context.Context, it *laneItem) turnResult {
+//
+// gate, if not nil, is the worker's state: it says workerAttempting while the
+// handler runs, and a stop that abandons the handler swaps it for
+// workerAbandoned; then turn records nothing and says so.
+func (p *pipeline) turn(ctx context.Context, it *laneItem, gate *atomic.Int32) turnResult {
 	msg := &it.env.msg
 	if p.guard != nil {
-		p.guard.acquire(msg.ID)
+		if !p.guard.acquire(ctx, msg.ID) {
+			p.cutOff(ctx, it) // stopped while another worker ran this ID
+			return turnResult{ended: true}
+		}
 		defer p.guard.release(msg.ID)
 	}
 	var d dedupRef
@@ -98,7 +109,13 @@ func (p *pipeline) turn(ctx context.Context, it *laneItem) turnResult {
 	if p.budget != nil && msg.Attempt == 1 {
 		p.budget.first(time.Now())
 	}
+	if gate != nil {
+		gate.Store(workerAttempting)
+	}
 	err, f, took := p.attempt(ctx, msg)
+	if gate != nil && !gate.CompareAndSwap(workerAttempting, workerIdle) {
+		return turnResult{abandoned: true, err: err}
+	}
 	if err == nil {
 		if p.dedup != nil {
 			p.record(&d)
@@ -106,6 +123,7 @@ func (p *pipeline) turn(ctx context.Context, it *laneItem) turnResult {
 		p.rec.delivered(msg, took)
 		return turnResult{ended: true, health: healthOK}
 	}
+	p.rec.c.failed.Add(1)
 	return p.after(ctx, it, err, f, took)
 }
 
@@ -246,7 +264,7 @@ func (p *pipeline) logStoreError(op, id string, err error) {
 // attempt runs the handler once for msg (msg.Attempt set): its error, the
 // failure it is classified as, and its run time (measured only for the
 // observer). A successful attempt is counted with the delivery (one counter
-// fewer on the hot path), a failed one here.
+// fewer on the hot path), a failed one by the caller.
 func (p *pipeline) attempt(ctx context.Context, msg *Message) (err error, f failure, took time.Duration) {
 	timed := p.rec.obs != nil
 	var start time.Time
@@ -258,7 +276,6 @@ func (p *pipeline) attempt(ctx context.Context, msg *Message) (err error, f fail
 		took = time.Since(start)
 	}
 	if err != nil {
-		p.rec.c.failed.Add(1)
 		err, f = vetError(err, timedOut)
 	}
 	return err, f, took
@@ -357,13 +374,20 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// Causes of a subscription's context being cancelled. errReleased marks a
-// subscription that finished gracefully: nothing was cut off.
+// Causes of a subscription's context being cancelled: a handler sees them
+// as context.Cause(ctx), matching ErrClosed or ErrUnsubscribed. errReleased
+// marks a subscription that finished gracefully: nothing was cut off.
 var (
-	errShutdown     = errors.New("broker: closed before the message was finished")
-	errUnsubscribed = errors.New("broker: unsubscribed before the message was finished")
+	errShutdown     = fmt.Errorf("%w before the message was finished", ErrClosed)
+	errUnsubscribed = fmt.Errorf("%w before the message was finished", ErrUnsubscribed)
 	errReleased     = errors.New("broker: subscription ended")
 )
+
+// abandonedFault is the fault of a message whose handler a stop abandoned.
+func abandonedFault(ctx context.Context) fault {
+	return brokerFault(abortCode(ctx), fmt.Errorf("%w; handler abandoned: it had not returned %v after its context was cancelled",
+		context.Cause(ctx), ShutdownGrace))
+}
 
 // stoppedAtOnce reports that ctx, a subscription's context, was cancelled
 // by a Close or Unsubscribe whose own context ended.

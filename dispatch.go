@@ -175,6 +175,14 @@ func minOf(xs []int, n int) int {
 	return m
 }
 
+// deactivate forgets the topic's subscriptions once Close has stopped them:
+// Stats show their counters, not active.
+func (t *topic) deactivate() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	clear(t.active)
+}
+
 // activeSubs returns the subscriptions that hold a name on the topic
 // (leaving ones included).
 func (t *topic) activeSubs() []*Subscription {

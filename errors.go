@@ -28,6 +28,10 @@ var (
 	// ErrSubscriberNotFound is returned (joined) by Redrive when the
 	// subscriber that failed a dead letter is no longer subscribed.
 	ErrSubscriberNotFound = errors.New("broker: subscriber not found")
+	// ErrUnsubscribed is the cause (context.Cause) of a handler's context
+	// cancelled because Unsubscribe's context ended; a handler cancelled by
+	// Close sees a cause matching ErrClosed.
+	ErrUnsubscribed = errors.New("broker: unsubscribed")
 	// ErrLaneFull is the error of a dead letter shed from a subscriber's
 	// full lane (reason "overflow").
 	ErrLaneFull = errors.New("broker: subscriber lane full")
@@ -40,12 +44,21 @@ var (
 type DrainError struct {
 	Reason       string // ReasonShutdown or ReasonUnsubscribed
 	DeadLettered int    // messages put into the dead-letter store with Reason
-	Err          error  // the context's error that cut the drain short
+	// Abandoned is how many of them were running in handlers that had not
+	// returned ShutdownGrace after their context was cancelled: those
+	// handlers were left running, and what they return is logged and
+	// ignored.
+	Abandoned int
+	Err       error // the context's error that cut the drain short
 }
 
 func (e *DrainError) Error() string {
-	return fmt.Sprintf("broker: drain cut short (%v): %d messages dead-lettered with reason %q",
+	s := fmt.Sprintf("broker: drain cut short (%v): %d messages dead-lettered with reason %q",
 		e.Err, e.DeadLettered, e.Reason)
+	if e.Abandoned > 0 {
+		s += fmt.Sprintf(", %d of them in abandoned handlers", e.Abandoned)
+	}
+	return s
 }
 
 // Unwrap returns the context error.

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -119,3 +121,104 @@ func TestEachHandlerGetsItsOwnHeaders(t *testing.T) {
 }
 
 var _ = errors.New
+
+// Close and Unsubscribe honour their context when a handler ignores its
+// own: after ShutdownGrace they abandon it, dead-letter its message (counted
+// apart), and return; what the handler returns later is ignored. A second
+// call returns the same result, and the handler's cause matches the
+// sentinel.
+func TestStopAbandonsAHandlerThatIgnoresItsContext(t *testing.T) {
+	for _, viaClose := range []bool{true, false} {
+		for _, workers := range []int{1, 3} {
+			t.Run(fmt.Sprintf("close=%v/concurrency %d", viaClose, workers), func(t *testing.T) {
+				bubble(t, func(t *testing.T) {
+					var logs lockedBuffer
+					b := newTestBroker(t, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+					release := make(chan struct{})
+					var cause atomic.Value
+					var late atomic.Int32
+					sub, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
+						if m.ID != "stuck" {
+							late.Add(1)
+							return nil
+						}
+						<-ctx.Done()
+						cause.Store(context.Cause(ctx))
+						<-release // ignores its context
+						return nil
+					}, Concurrency(workers))
+					require.NoError(t, err)
+					require.NoError(t, b.Publish(context.Background(), Message{ID: "stuck", Topic: "t"}))
+					idle()
+					late.Store(0)
+					publishN(t, b, "t", "queued", 3)
+					idle()
+					late.Store(0)
+
+					stop, reason, sentinel := sub.Unsubscribe, ReasonUnsubscribed, ErrUnsubscribed
+					if viaClose {
+						stop, reason, sentinel = b.Close, ReasonShutdown, ErrClosed
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+					defer cancel()
+					start := time.Now()
+					err = stop(ctx)
+					assert.Equal(t, 100*time.Millisecond+ShutdownGrace, time.Since(start), "returned at the deadline plus the grace")
+					var de *DrainError
+					require.ErrorAs(t, err, &de)
+					assert.ErrorIs(t, err, context.DeadlineExceeded)
+					assert.Equal(t, 1, de.Abandoned)
+					assert.Equal(t, reason, de.Reason)
+					assert.ErrorIs(t, cause.Load().(error), sentinel, "the handler's context.Cause")
+					dls := deadLetters(t, b)
+					byID := map[string]DeadLetter{}
+					for _, dl := range dls {
+						byID[dl.Message.ID] = dl
+						assert.Equal(t, reason, dl.Reason)
+					}
+					if workers == 1 {
+						assert.Len(t, dls, 4, "the abandoned message and the three queued")
+						assert.Equal(t, 4, de.DeadLettered)
+					}
+					require.Contains(t, byID, "stuck")
+					assert.Equal(t, 1, byID["stuck"].Attempts)
+					assert.Contains(t, byID["stuck"].Error, "abandoned")
+					assert.Same(t, err, stop(context.Background()), "a second call returns the first's result")
+					requireConserved(t, b.Stats())
+					if viaClose {
+						ss := subStats(t, b, "t", "s")
+						assert.False(t, ss.Active, "after Close no subscriber is active")
+						assert.Zero(t, ss.Capacity)
+					}
+
+					before := subStats(t, b, "t", "s")
+					close(release) // the abandoned handler returns: ignored, and logged
+					idle()
+					assert.Zero(t, late.Load(), "no attempt started after the stop returned")
+					assert.Equal(t, before, subStats(t, b, "t", "s"), "what the abandoned handler returned is ignored")
+					requireConserved(t, b.Stats())
+					assert.Contains(t, logs.String(), "abandoned handler returned")
+				})
+			})
+		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writes.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf = append(l.buf, p...)
+	return len(p), nil
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return string(l.buf)
+}

@@ -28,7 +28,10 @@ type Subscription struct {
 	cancel context.CancelCauseFunc // with errShutdown or errUnsubscribed
 
 	removed   atomic.Bool   // out of the routing snapshot: route nothing more to it
-	live      atomic.Int32  // workers still running
+	live      atomic.Int32  // workers still running (abandoned ones not included)
+	wmu       sync.Mutex    // guards ws
+	ws        map[*worker]struct{}
+	abandoned atomic.Int64 // handlers an Unsubscribe abandoned
 	done      chan struct{} // closed when the last worker returned
 	unsubOnce sync.Once
 	unsubbed  chan struct{} // closed when Unsubscribe finished
@@ -89,6 +92,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 		b: b, t: t, name: name, c: c, workers: sc.concurrency,
 		done:     make(chan struct{}),
 		unsubbed: make(chan struct{}),
+		ws:       make(map[*worker]struct{}),
 	}
 	var br *breaker
 	if sc.breaker != nil {
@@ -126,91 +130,9 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	s.live.Store(int32(sc.concurrency))
 	b.wg.Add(sc.concurrency)
 	for range sc.concurrency {
-		go s.work()
+		s.startWorker(nil)
 	}
 	return s, nil
-}
-
-// prefetchAhead is how many messages ahead of the one it runs a worker asks
-// for the dedup store's memory.
-const prefetchAhead = 2
-
-// work is one worker: it takes the next message a worker may run from the
-// lane, runs its turn (one attempt), and hands it back to the lane, which
-// parks it for its retry or frees its ordering key. It returns when the
-// lane is closed and finished, or stopped at once.
-func (s *Subscription) work() { s.workFrom(nil) }
-
-// workFrom is work, starting with carry: messages a worker ended by
-// runtime.Goexit had taken and not started.
-func (s *Subscription) workFrom(carry []laneItem) {
-	// The batch lives on the worker's stack: copying messages into it needs
-	// no GC write barriers, which a heap buffer costs (-15% on W1).
-	var buf [laneBatch]laneItem
-	batch := append(buf[:0], carry...)
-	var probe, started, returned bool
-	i := 0
-	defer func() {
-		if returned {
-			if s.live.Add(-1) == 0 {
-				close(s.done)
-			}
-			s.b.wg.Done()
-			return
-		}
-		// runtime.Goexit (what t.FailNow does) ended this goroutine, in a
-		// handler most likely: its message ends as a panic would end it,
-		// and a new worker takes over the rest of the batch (and this
-		// worker's place in the WaitGroup).
-		var rest []laneItem
-		if len(batch) > 0 {
-			rest = append(rest, batch[i+1:]...)
-			if started {
-				s.end(&batch[i], s.pipe.goexited(s.ctx, &batch[i]), probe)
-			} else {
-				rest = append([]laneItem{batch[i]}, rest...)
-			}
-		}
-		go s.workFrom(rest)
-	}()
-	for {
-		if len(batch) == 0 {
-			var ok bool
-			batch, probe, ok = s.lane.take(buf[:0])
-			if !ok {
-				returned = true
-				return
-			}
-		}
-		for i = range batch {
-			if i+prefetchAhead < len(batch) {
-				s.pipe.prefetch(&batch[i+prefetchAhead].env)
-			}
-			it := &batch[i]
-			s.lane.start()
-			started = true
-			if s.limiter != nil {
-				s.limiter.wait(s.ctx) // cut short by a stop: the turn dead-letters it
-			}
-			s.end(it, s.pipe.turn(s.ctx, it), probe)
-			started = false
-		}
-		clear(batch) // drop references for the garbage collector
-		batch = batch[:0]
-	}
-}
-
-// end hands a message back to the lane after its turn: it ended, or it
-// parks for its retry.
-func (s *Subscription) end(it *laneItem, r turnResult, probe bool) {
-	from, to, orphan := s.lane.finish(it, r.ended, r.delay, r.health, probe)
-	if to != "" {
-		s.breakerChanged(from, to)
-	}
-	if orphan {
-		s.pipe.cutOff(s.ctx, it)
-		s.lane.dropped()
-	}
 }
 
 // stopNow dead-letters every message waiting in the lane, after its
@@ -221,6 +143,15 @@ func (s *Subscription) stopNow() {
 	for i := range items {
 		s.pipe.cutOff(s.ctx, &items[i])
 		s.c.inFlight.Add(-1)
+	}
+}
+
+// countAbandoned counts a handler a stop abandoned, for its DrainError.
+func (s *Subscription) countAbandoned() {
+	if abortReason(s.ctx) == ReasonUnsubscribed {
+		s.abandoned.Add(1)
+	} else {
+		s.b.abandoned.Add(1)
 	}
 }
 
@@ -320,14 +251,17 @@ func (s *Subscription) fill(st *SubscriberStats, now time.Time) {
 // messages already routed to it (with their retries) until ctx ends; then it
 // cancels the running handlers' contexts, waits for them to return, and
 // dead-letters every unfinished message with reason "unsubscribed",
-// returning a *DrainError that says how many. When it returns, no handler of
-// this subscription runs and its name is free on the topic. A handler that
-// ignores its context holds Unsubscribe up, and Unsubscribe must not be
-// called from one of this subscription's handlers: it would wait for that
+// returning a *DrainError that says how many. Handlers see their context's
+// cause match ErrUnsubscribed. As Close does, it waits at most ShutdownGrace
+// for them, then abandons a handler that ignores its context (its message
+// is dead-lettered and counted in DrainError.Abandoned). When it returns,
+// no handler of this subscription runs, an abandoned one aside, and its
+// name is free on the topic. Unsubscribe must not be called from one of
+// this subscription's handlers without a deadline: it would wait for that
 // handler to return (start it in a goroutine instead).
 //
 // Calling Unsubscribe again, or after Close, is safe: it waits for the first
-// call to finish (or ctx to end) and returns nil.
+// call to finish (or ctx to end) and returns the first call's result.
 func (s *Subscription) Unsubscribe(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
@@ -337,7 +271,7 @@ func (s *Subscription) Unsubscribe(ctx context.Context) error {
 	if !first {
 		select {
 		case <-s.unsubbed:
-			return nil
+			return s.unsubErr
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -352,7 +286,14 @@ func (s *Subscription) Unsubscribe(ctx context.Context) error {
 	case <-ctx.Done():
 		s.cancel(errUnsubscribed)
 		s.stopNow()
-		<-s.done
+		grace := time.NewTimer(ShutdownGrace)
+		select {
+		case <-s.done:
+		case <-grace.C:
+			s.abandon()
+			<-s.done
+		}
+		grace.Stop()
 	}
 	s.cancel(errReleased) // no-op after an abort; else marks a graceful end
 	t.mu.Lock()
@@ -361,7 +302,7 @@ func (s *Subscription) Unsubscribe(ctx context.Context) error {
 	}
 	t.mu.Unlock()
 	if n := s.unsubDLs.Load(); n > 0 {
-		s.unsubErr = &DrainError{Reason: ReasonUnsubscribed, DeadLettered: int(n), Err: ctx.Err()}
+		s.unsubErr = &DrainError{Reason: ReasonUnsubscribed, DeadLettered: int(n), Abandoned: int(s.abandoned.Load()), Err: ctx.Err()}
 	}
 	close(s.unsubbed)
 	return s.unsubErr
@@ -369,34 +310,44 @@ func (s *Subscription) Unsubscribe(ctx context.Context) error {
 
 // idGuard keeps two workers of one subscriber from running the same message
 // ID at once. It is only needed with several workers, where two messages
-// with one ID but different Keys can reach different workers.
+// with one ID but different Keys can be taken by different workers.
 type idGuard struct {
 	mu   sync.Mutex
-	cond sync.Cond
-	busy map[string]struct{} // IDs being delivered
+	busy map[string]chan struct{} // IDs being delivered → closed when released (nil until someone waits)
 }
 
-func newIDGuard() *idGuard {
-	g := &idGuard{busy: make(map[string]struct{})}
-	g.cond.L = &g.mu
-	return g
-}
+func newIDGuard() *idGuard { return &idGuard{busy: make(map[string]chan struct{})} }
 
-func (g *idGuard) acquire(id string) {
-	g.mu.Lock()
+// acquire takes id, waiting while another worker holds it; false if ctx
+// ended first.
+func (g *idGuard) acquire(ctx context.Context, id string) bool {
 	for {
-		if _, held := g.busy[id]; !held {
-			break
+		g.mu.Lock()
+		ch, held := g.busy[id]
+		if !held {
+			g.busy[id] = nil
+			g.mu.Unlock()
+			return true
 		}
-		g.cond.Wait()
+		if ch == nil {
+			ch = make(chan struct{})
+			g.busy[id] = ch
+		}
+		g.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false
+		}
 	}
-	g.busy[id] = struct{}{}
-	g.mu.Unlock()
 }
 
 func (g *idGuard) release(id string) {
 	g.mu.Lock()
+	ch := g.busy[id]
 	delete(g.busy, id)
 	g.mu.Unlock()
-	g.cond.Broadcast()
+	if ch != nil {
+		close(ch)
+	}
 }

@@ -1,0 +1,188 @@
+package broker
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+)
+
+// This file is a subscription's workers: each takes messages from the lane
+// and runs their turns. A worker survives what a handler can do to its
+// goroutine (a panic is recovered in the pipeline; runtime.Goexit ends the
+// goroutine, and a new worker takes over), and a worker whose handler
+// ignores a cancelled context is abandoned at Close's or Unsubscribe's
+// deadline (see abandon).
+
+// prefetchAhead is how many messages ahead of the one it runs a worker asks
+// for the dedup store's memory.
+const prefetchAhead = 2
+
+// A worker's state, for abandonment: only an attempt (the handler running)
+// can be abandoned, and only once.
+const (
+	workerIdle       int32 = iota // not in an attempt
+	workerAttempting              // a handler runs for buf[i]
+	workerAbandoned               // given up on by a stop; whatever the handler returns is ignored
+)
+
+// worker is one of a subscription's workers. Its batch lives in the
+// worker (on the heap, allocated once), so that a stop can read the
+// message of a handler it abandons.
+type worker struct {
+	s     *Subscription
+	buf   [laneBatch]laneItem
+	n     int          // messages of the batch in buf
+	i     int          // the one being run
+	state atomic.Int32 // workerIdle, workerAttempting or workerAbandoned
+}
+
+// start starts a worker with carry, messages a worker ended by Goexit had
+// taken and not started.
+func (s *Subscription) startWorker(carry []laneItem) {
+	w := &worker{s: s}
+	w.n = copy(w.buf[:], carry)
+	s.wmu.Lock()
+	s.ws[w] = struct{}{}
+	s.wmu.Unlock()
+	go w.run()
+}
+
+// run takes batches from the lane and runs each message's turn until the
+// lane says to return.
+func (w *worker) run() {
+	s := w.s
+	var probe, started, returned bool
+	defer func() {
+		switch {
+		case returned:
+			s.workerDone(w)
+		case w.state.Load() == workerAbandoned:
+			// The stop that abandoned it did its bookkeeping.
+		default:
+			// runtime.Goexit (what t.FailNow does) ended this goroutine, in
+			// a handler most likely: its message ends as a panic would end
+			// it, and a new worker takes over the rest of the batch (and
+			// this worker's place in the WaitGroup).
+			var rest []laneItem
+			if w.n > 0 {
+				rest = append(rest, w.buf[w.i+1:w.n]...)
+				if started {
+					w.state.Store(workerIdle)
+					s.end(&w.buf[w.i], s.pipe.goexited(s.ctx, &w.buf[w.i]), probe)
+				} else {
+					rest = append([]laneItem{w.buf[w.i]}, rest...)
+				}
+			}
+			s.wmu.Lock()
+			delete(s.ws, w)
+			s.wmu.Unlock()
+			s.startWorker(rest)
+		}
+	}()
+	for {
+		if w.n == 0 {
+			batch, p, ok := s.lane.take(w.buf[:0])
+			if !ok {
+				returned = true
+				return
+			}
+			w.n, probe = len(batch), p
+		}
+		for w.i = 0; w.i < w.n; w.i++ {
+			if w.i+prefetchAhead < w.n {
+				s.pipe.prefetch(&w.buf[w.i+prefetchAhead].env)
+			}
+			it := &w.buf[w.i]
+			s.lane.start()
+			started = true
+			if s.limiter != nil {
+				s.limiter.wait(s.ctx) // cut short by a stop: the turn dead-letters it
+			}
+			r := s.pipe.turn(s.ctx, it, &w.state)
+			if r.abandoned {
+				s.pipe.ignored(it, r.err)
+				return // the stop that abandoned it did the bookkeeping
+			}
+			s.end(it, r, probe)
+			started = false
+		}
+		clear(w.buf[:w.n]) // drop references for the garbage collector
+		w.n = 0
+	}
+}
+
+// end hands a message back to the lane after its turn: it ended, or it
+// parks for its retry.
+func (s *Subscription) end(it *laneItem, r turnResult, probe bool) {
+	from, to, orphan := s.lane.finish(it, r.ended, r.delay, r.health, probe)
+	if to != "" {
+		s.breakerChanged(from, to)
+	}
+	if orphan {
+		s.pipe.cutOff(s.ctx, it)
+		s.lane.dropped()
+	}
+}
+
+// workerDone is a worker's end: the last one closes s.done.
+func (s *Subscription) workerDone(w *worker) {
+	s.wmu.Lock()
+	delete(s.ws, w)
+	s.wmu.Unlock()
+	if s.live.Add(-1) == 0 {
+		close(s.done)
+	}
+	s.b.wg.Done()
+}
+
+// abandon gives up on the workers whose handlers still run after a stop's
+// grace: each such message is dead-lettered with the stop's reason (and
+// counted apart, as abandoned), with the messages its worker had taken and
+// not started, and the worker stops counting as live. It returns how many
+// handlers it abandoned.
+func (s *Subscription) abandon() int {
+	s.wmu.Lock()
+	var stuck []*worker
+	for w := range s.ws {
+		if w.state.CompareAndSwap(workerAttempting, workerAbandoned) {
+			stuck = append(stuck, w)
+			delete(s.ws, w)
+		}
+	}
+	s.wmu.Unlock()
+	for _, w := range stuck {
+		// The worker is inside the handler and touches nothing else of its
+		// own until it returns (then it sees it was abandoned).
+		it := &w.buf[w.i]
+		s.c.failed.Add(1) // the attempt ran; its end is never recorded
+		s.c.inFlight.Add(1)
+		s.lane.dropped()
+		s.pipe.rec.deadLetter(&it.env.msg, 0, abortReason(s.ctx), abandonedFault(s.ctx), false)
+		s.c.inFlight.Add(-1)
+		s.countAbandoned()
+		for k := w.i + 1; k < w.n; k++ { // taken, never started
+			s.c.inFlight.Add(1)
+			s.lane.local.Add(-1)
+			s.pipe.cutOff(s.ctx, &w.buf[k])
+			s.c.inFlight.Add(-1)
+		}
+		if s.live.Add(-1) == 0 {
+			close(s.done)
+		}
+		s.b.wg.Done()
+	}
+	return len(stuck)
+}
+
+// ignored logs what an abandoned handler returned.
+func (p *pipeline) ignored(it *laneItem, err error) {
+	text := "<nil>"
+	if err != nil {
+		_, f := vetError(err, false)
+		text = f.text
+	}
+	p.rec.log.LogAttrs(context.Background(), slog.LevelWarn, "broker: abandoned handler returned; its result is ignored",
+		slog.String("topic", p.rec.topic), slog.String("message_id", it.env.msg.ID),
+		slog.String("subscriber", p.rec.subscriber), slog.Int("attempt", it.env.msg.Attempt),
+		slog.String("error", text))
+}
