@@ -211,6 +211,7 @@ func (b *breaker) close() BreakerState {
 
 // halfOpen ends the open interval; it reports whether the state changed.
 func (b *breaker) halfOpen() bool {
+	b.timer = nil
 	if b.state != BreakerOpen {
 		return false
 	}

@@ -16,7 +16,8 @@ type topic struct {
 	c    topicCounters
 	subs atomic.Pointer[[]*Subscription] // routing snapshot, copy on write under mu
 
-	blocked atomic.Pointer[blockedOn] // whose full lane the dispatcher waits for, since when; nil when it does not
+	blockMu sync.Mutex // guards blocked, and the move of a wait into its subscriber's total
+	blocked *blockedOn // whose full lane the dispatcher waits for, since when; nil when it does not
 
 	mu       sync.Mutex               // guards active, counters and writes to subs
 	active   map[string]*Subscription // by name, until Unsubscribe returns
@@ -27,6 +28,21 @@ type topic struct {
 type blockedOn struct {
 	s     *Subscription
 	since time.Time
+}
+
+// blockStart notes that the dispatcher waits for room in s's lane.
+func (t *topic) blockStart(s *Subscription) {
+	t.blockMu.Lock()
+	t.blocked = &blockedOn{s: s, since: time.Now()}
+	t.blockMu.Unlock()
+}
+
+// blockEnd moves the dispatcher's wait of d for s into s's total.
+func (t *topic) blockEnd(s *Subscription, d time.Duration) {
+	t.blockMu.Lock()
+	s.c.blocked.Add(int64(d))
+	t.blocked = nil
+	t.blockMu.Unlock()
 }
 
 func newTopic(b *Broker, name string) *topic {
@@ -229,7 +245,9 @@ func (t *topic) stats(now time.Time) TopicStats {
 		Capacity:  t.q.Cap(),
 		OldestAge: age(now, q.Head.msg.PublishedAt, q.Len),
 	}
-	bl := t.blocked.Load()
+	t.blockMu.Lock() // held while the counters are read: a wait is in the total or going on, once
+	defer t.blockMu.Unlock()
+	bl := t.blocked
 	if bl != nil {
 		ts.BlockedOn = bl.s.name
 	}

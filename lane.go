@@ -110,6 +110,9 @@ type lane struct {
 	local      atomic.Int64
 	running    atomic.Int64
 	roomWanted atomic.Bool
+	// localSince is the PublishedAt (Unix nanoseconds) of the first message
+	// of the last batch taken: no message still local is older.
+	localSince atomic.Int64
 
 	closed  bool           // no more pushes; workers finish what is left
 	stopped bool           // stopped at once: workers return, the stopper dead-letters the rest
@@ -133,8 +136,13 @@ func newLane(capacity, workers int, policy FullLanePolicy, ordered bool, br *bre
 		keys:   make(map[string]*fifo.Ring[laneItem]),
 		parked: make(map[*parked]struct{}),
 	}
-	if br != nil || limited {
-		l.batch = 1 // each take is decided at its moment
+	if br != nil || limited || workers > 1 || policy == DeadLetterOldest {
+		// One at a time: with several workers, a batch taken by one whose
+		// handler is slow would hold messages of free keys that another
+		// idle worker could run; a breaker or a rate limit decides each
+		// take at its moment; DeadLetterOldest must see every waiting
+		// message to shed the oldest.
+		l.batch = 1
 	}
 	l.work.L = &l.mu
 	return l
@@ -164,18 +172,24 @@ func (l *lane) doneLocked() bool {
 // message fit and returns the one shed (victim), which the caller
 // dead-letters with reason "overflow". After close or stop it returns
 // queue.ErrClosed.
-func (l *lane) push(it laneItem) (victim laneItem, shed bool, err error) {
+// With noShed (a redrive), a full lane returns queue.ErrFull whatever the
+// policy.
+func (l *lane) push(it laneItem, noShed bool) (victim laneItem, shed bool, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.pushLocked(it)
+	return l.pushLocked(it, noShed)
 }
 
-func (l *lane) pushLocked(it laneItem) (victim laneItem, shed bool, err error) {
+func (l *lane) pushLocked(it laneItem, noShed bool) (victim laneItem, shed bool, err error) {
 	if l.closed || l.stopped {
 		return victim, false, queue.ErrClosed
 	}
 	if l.waitingLocked() >= l.capacity {
-		switch l.policy {
+		policy := l.policy
+		if noShed {
+			policy = Block
+		}
+		switch policy {
 		case DeadLetterNewest:
 			l.routed.Add(1)
 			l.shed.Add(1)
@@ -316,16 +330,25 @@ func (l *lane) evictOldestLocked() (laneItem, bool) {
 	return first.it, true
 }
 
-// pushWait pushes it, waiting for room (under Block) until stop1 or stop2
-// is closed (queue.ErrStopped) or deadline fires (queue.ErrTimeout); any
-// may be nil. beforeWait, if not nil, runs once before the first wait, and
+// pushWait pushes it, waiting for room (under Block, or with noShed) until
+// stop1 or stop2 is closed (queue.ErrStopped) or deadline fires
+// (queue.ErrTimeout); any may be nil. beforeWait, if not nil, runs once before the first wait, and
 // blocked receives the time spent waiting.
-func (l *lane) pushWait(it laneItem, stop1, stop2 <-chan struct{}, deadline <-chan time.Time,
+func (l *lane) pushWait(it laneItem, noShed bool, stop1, stop2 <-chan struct{}, deadline <-chan time.Time,
 	beforeWait func(), blocked func(time.Duration)) (victim laneItem, shed bool, err error) {
 	var start time.Time
 	for {
 		l.mu.Lock()
-		victim, shed, err = l.pushLocked(it)
+		victim, shed, err = l.pushLocked(it, noShed)
+		if err == queue.ErrFull {
+			// Say so before looking again: a worker that starts a message
+			// (and so makes room) without the lock reads roomWanted after
+			// lowering local (see start); one of the two sees the other.
+			l.roomWanted.Store(true)
+			if victim, shed, err = l.pushLocked(it, noShed); err != queue.ErrFull && l.room == nil {
+				l.roomWanted.Store(false) // no producer waits after all
+			}
+		}
 		if err != queue.ErrFull {
 			l.mu.Unlock()
 			if !start.IsZero() {
@@ -335,7 +358,6 @@ func (l *lane) pushWait(it laneItem, stop1, stop2 <-chan struct{}, deadline <-ch
 		}
 		if l.room == nil {
 			l.room = make(chan struct{})
-			l.roomWanted.Store(true)
 		}
 		room := l.room
 		l.mu.Unlock()
@@ -383,7 +405,9 @@ func (l *lane) take(buf []laneItem) (_ []laneItem, probe, ok bool) {
 		}
 		if n := l.queued.Len(); n > 0 && (l.br == nil || l.br.allows()) {
 			k := min(l.batch, max(n/l.workers, 1))
+			first := len(buf)
 			buf = l.queued.PopN(buf, k)
+			l.localSince.Store(buf[first].env.msg.PublishedAt.UnixNano())
 			l.local.Add(int64(k))
 			if l.br != nil {
 				probe = l.br.took()
@@ -415,6 +439,32 @@ func (l *lane) start() {
 	}
 }
 
+// mayRun reports whether the worker may attempt it, which it took while
+// the breaker let it and then waited (for a rate-limit token): if the
+// breaker opened meanwhile, it is put back in front of the queue, and the
+// worker goes back to take.
+func (l *lane) mayRun(it *laneItem, probe bool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if probe || l.br.state == BreakerClosed || l.stopped {
+		return true
+	}
+	l.running.Add(-1)
+	l.queued.PushFront(*it)
+	return false
+}
+
+// armHalfOpen starts the open interval of a breaker that just opened, once
+// its opening was reported (so that the end of the interval is reported
+// after it).
+func (l *lane) armHalfOpen() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.br.state == BreakerOpen && l.br.timer == nil && !l.stopped {
+		l.br.timer = time.AfterFunc(l.br.openFor, l.halfOpen)
+	}
+}
+
 // finish ends a worker's turn with it: it ended (its key is freed) or it
 // parks for delay. It returns the breaker's transition, if any (changed is
 // "" when there was none), for the caller to report. orphan reports that
@@ -436,10 +486,7 @@ func (l *lane) finish(it *laneItem, ended bool, delay time.Duration, h health, p
 		changed = l.br.record(h, probe, time.Now())
 		switch changed {
 		case BreakerOpen:
-			l.br.stopTimer()
-			if !l.stopped {
-				l.br.timer = time.AfterFunc(l.br.openFor, l.halfOpen)
-			}
+			l.br.stopTimer() // armHalfOpen starts it again
 		case BreakerClosed:
 			l.work.Broadcast()
 		case "":
@@ -588,6 +635,11 @@ func (l *lane) stats() laneStats {
 	}
 	for p := range l.parked {
 		older(&p.it)
+	}
+	if l.local.Load() > 0 {
+		if t := time.Unix(0, l.localSince.Load()); st.oldest.IsZero() || t.Before(st.oldest) {
+			st.oldest = t
+		}
 	}
 	if l.br != nil {
 		st.breaker = l.br.state

@@ -174,21 +174,29 @@ func (s *Subscription) breakerChanged(from, to BreakerState) {
 }
 
 // route hands env to the subscriber, waiting for room in its lane (under
-// Block) until cancel is closed or deadline fires (either may be nil);
-// beforeWait, if not nil, runs before it waits. It returns nil once the
-// message is the subscriber's responsibility: in its lane, dead-lettered
-// because it did not fit (DeadLetterNewest), or dead-lettered because the
-// subscription is stopping at once. A queue error means it was not routed.
+// Block) until cancel is closed or deadline fires (either may be nil). It
+// returns nil once the message is the subscriber's responsibility: in its
+// lane, dead-lettered because it did not fit (under a dead-letter policy),
+// or dead-lettered because the subscription is stopping at once. A queue
+// error means it was not routed.
+//
+// The dispatcher routes with beforeWait (run before it waits; its waits
+// are the subscriber's BlockedFor); Redrive routes with beforeWait nil, and
+// never sheds: a full lane makes it wait, then fail with ErrQueueFull.
 func (s *Subscription) route(env *envelope, cancel <-chan struct{}, deadline <-chan time.Time, beforeWait func()) error {
 	it := newItem(env)
-	victim, shed, err := s.lane.push(it)
+	dispatcher := beforeWait != nil
+	victim, shed, err := s.lane.push(it, !dispatcher)
 	if err == queue.ErrFull {
-		victim, shed, err = s.lane.pushWait(it, s.ctx.Done(), cancel, deadline, func() {
-			if beforeWait != nil {
+		before, after := func() {}, func(time.Duration) {}
+		if dispatcher {
+			before = func() {
 				beforeWait()
+				s.t.blockStart(s)
 			}
-			s.t.blocked.Store(&blockedOn{s: s, since: time.Now()})
-		}, s.blocked)
+			after = func(d time.Duration) { s.t.blockEnd(s, d) }
+		}
+		victim, shed, err = s.lane.pushWait(it, !dispatcher, s.ctx.Done(), cancel, deadline, before, after)
 	}
 	if shed {
 		s.pipe.overflow(&victim)
@@ -204,12 +212,6 @@ func (s *Subscription) route(env *envelope, cancel <-chan struct{}, deadline <-c
 		return nil
 	}
 	return err
-}
-
-// blocked adds d to the time the dispatcher waited for room in the lane.
-func (s *Subscription) blocked(d time.Duration) {
-	s.c.blocked.Add(int64(d))
-	s.t.blocked.Store(nil)
 }
 
 // tryRouteN hands the subscriber as many of envs, in order, as fit in its

@@ -97,6 +97,10 @@ func (w *worker) run() {
 			started = true
 			if s.limiter != nil {
 				s.limiter.wait(s.ctx) // cut short by a stop: the turn dead-letters it
+				if s.lane.br != nil && !s.lane.mayRun(it, probe) {
+					started = false
+					continue // the breaker opened while it waited: back in the queue
+				}
 			}
 			r := s.pipe.turn(s.ctx, it, &w.state)
 			if r.abandoned {
@@ -117,6 +121,9 @@ func (s *Subscription) end(it *laneItem, r turnResult, probe bool) {
 	from, to, orphan := s.lane.finish(it, r.ended, r.delay, r.health, probe)
 	if to != "" {
 		s.breakerChanged(from, to)
+		if to == BreakerOpen {
+			s.lane.armHalfOpen()
+		}
 	}
 	if orphan {
 		s.pipe.cutOff(s.ctx, it)

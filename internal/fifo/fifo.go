@@ -20,6 +20,19 @@ func (r *Ring[T]) Len() int { return r.n }
 // Push appends v.
 func (r *Ring[T]) Push(v T) { *r.Append() = v }
 
+// PushFront puts v before the oldest item.
+func (r *Ring[T]) PushFront(v T) {
+	if r.n == len(r.buf) {
+		r.grow()
+	}
+	r.head--
+	if r.head < 0 {
+		r.head += len(r.buf)
+	}
+	r.buf[r.head] = v
+	r.n++
+}
+
 // Append appends a zero item and returns a pointer to it, valid until the
 // next Push, Append or Pop, to fill in place.
 func (r *Ring[T]) Append() *T {

@@ -15,7 +15,10 @@ func TestRingIsFIFO(t *testing.T) {
 	var model []int
 	next := 0
 	for step := range 2000 {
-		if step%97 == 96 { // a batch, across the ring's end at times
+		if step%89 == 88 { // an item put back in front
+			r.PushFront(-step)
+			model = append([]int{-step}, model...)
+		} else if step%97 == 96 { // a batch, across the ring's end at times
 			k := step % 7
 			got := r.PopN(nil, k)
 			want := model[:min(k, len(model))]
