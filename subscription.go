@@ -27,11 +27,11 @@ type Subscription struct {
 	ctx    context.Context         // handlers' base context; cancelled to stop at once
 	cancel context.CancelCauseFunc // with errShutdown or errUnsubscribed
 
-	removed   atomic.Bool   // out of the routing snapshot: route nothing more to it
-	live      atomic.Int32  // workers still running (abandoned ones not included)
-	wmu       sync.Mutex    // guards ws
+	removed   atomic.Bool  // out of the routing snapshot: route nothing more to it
+	live      atomic.Int32 // workers still running (abandoned ones not included)
+	wmu       sync.Mutex   // guards ws
 	ws        map[*worker]struct{}
-	abandoned atomic.Int64 // handlers an Unsubscribe abandoned
+	abandoned atomic.Int64  // handlers an Unsubscribe abandoned
 	done      chan struct{} // closed when the last worker returned
 	unsubOnce sync.Once
 	unsubbed  chan struct{} // closed when Unsubscribe finished
