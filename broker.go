@@ -34,6 +34,12 @@ type Broker struct {
 	abort    context.CancelCauseFunc // cancels it with errShutdown
 	wg       sync.WaitGroup          // dispatchers and workers
 
+	dlq    DeadLetterStore  // cfg.dlq, guarded against panics
+	dedup  IdempotencyStore // cfg.dedup, guarded against panics (unless it is the default kind)
+	obs    Observer         // cfg.obs, guarded against panics; nil: none
+	guard  guard
+	panics atomic.Uint64 // panics of plugged-in code, recovered
+
 	closeDone   chan struct{} // closed when the first Close returned
 	closeErr    error         // the first Close's result, set before closeDone is closed
 	shutdownDLs atomic.Int64  // dead letters with reason "shutdown"
@@ -76,6 +82,16 @@ func New(opts ...Option) (*Broker, error) {
 		dlPrefix:  "dl-" + hex.EncodeToString(rnd[:]) + "-",
 	}
 	b.mem, _ = cfg.dedup.(*MemoryIdempotencyStore)
+	b.guard = guard{panics: &b.panics, log: cfg.logger}
+	b.dlq = guardedDLQ{s: cfg.dlq, g: b.guard}
+	if cfg.dedup != nil && b.mem == nil {
+		b.dedup = guardedDedup{s: cfg.dedup, g: b.guard}
+	} else if b.mem != nil {
+		b.dedup = b.mem
+	}
+	if cfg.obs != nil {
+		b.obs = guardedObserver{o: cfg.obs, g: b.guard}
+	}
 	b.abortCtx, b.abort = context.WithCancelCause(context.Background())
 	b.topics.Store(&map[string]*topic{})
 	return b, nil
@@ -110,8 +126,8 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	}
 	switch err {
 	case nil:
-		if b.cfg.obs != nil {
-			b.cfg.obs.Published(PublishEvent{Topic: msg.Topic, MessageID: msg.ID, PublishedAt: msg.PublishedAt})
+		if b.obs != nil {
+			b.obs.Published(PublishEvent{Topic: msg.Topic, MessageID: msg.ID, PublishedAt: msg.PublishedAt})
 		}
 		return nil
 	case queue.ErrClosed:
@@ -124,8 +140,8 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 			ErrQueueFull, msg.ID, msg.Topic, t.q.Cap(), b.cfg.publishTimeout)
 	}
 	t.c.rejected.Add(1)
-	if b.cfg.obs != nil {
-		b.cfg.obs.Rejected(RejectEvent{Topic: msg.Topic, MessageID: msg.ID, Err: err})
+	if b.obs != nil {
+		b.obs.Rejected(RejectEvent{Topic: msg.Topic, MessageID: msg.ID, Err: err})
 	}
 	if b.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
 		b.cfg.logger.LogAttrs(context.Background(), slog.LevelDebug, "broker: publish rejected",
@@ -303,7 +319,7 @@ func (b *Broker) redriveOne(ctx context.Context, id string) error {
 	if b.closed.Load() {
 		return fmt.Errorf("redrive %q: %w", id, ErrClosed)
 	}
-	dl, ok, err := b.cfg.dlq.Get(ctx, id)
+	dl, ok, err := b.dlq.Get(ctx, id)
 	if err != nil {
 		return fmt.Errorf("broker: redrive %q: get: %w", id, err)
 	}
@@ -330,7 +346,7 @@ func (b *Broker) redriveOne(ctx context.Context, id string) error {
 	default:
 		return fmt.Errorf("%w: redrive %q: lane of %q on topic %q stayed full", ErrQueueFull, id, dl.Subscriber, dl.Message.Topic)
 	}
-	if err := b.cfg.dlq.Delete(context.WithoutCancel(ctx), id); err != nil {
+	if err := b.dlq.Delete(context.WithoutCancel(ctx), id); err != nil {
 		b.cfg.logger.LogAttrs(ctx, slog.LevelError, "broker: redriven dead letter not deleted; it may be redriven twice",
 			slog.String("dead_letter_id", id), slog.String("error", err.Error()))
 	}
@@ -364,6 +380,7 @@ func (b *Broker) Stats() Stats {
 	if e, ok := b.cfg.dlq.(interface{ Evicted() uint64 }); ok {
 		st.DeadLetterEvicted = e.Evicted()
 	}
+	st.PluginPanics = b.panics.Load()
 	for name, t := range topics {
 		st.Topics[name] = t.stats(now)
 	}

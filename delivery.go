@@ -27,8 +27,9 @@ type pipeline struct {
 	dedup   IdempotencyStore
 	mem     *MemoryIdempotencyStore // dedup, when it is the default kind: hashed once per delivery
 	salt    dedupSalt               // mem's hash of (topic, subscriber)
-	guard   *idGuard                // nil unless two workers could hold the same ID at once
+	ids     *idGuard                // nil unless two workers could hold the same ID at once
 	budget  *retryBudget            // nil: retries are not budgeted
+	plugins guard                   // for the policy's backoffs
 	rec     recorder
 
 	overflowFault fault // the fault of its overflow dead letters, made once
@@ -84,12 +85,12 @@ type turnResult struct {
 // workerAbandoned; then turn records nothing and says so.
 func (p *pipeline) turn(ctx context.Context, it *laneItem, gate *atomic.Int32) turnResult {
 	msg := &it.env.msg
-	if p.guard != nil {
-		if !p.guard.acquire(ctx, msg.ID) {
+	if p.ids != nil {
+		if !p.ids.acquire(ctx, msg.ID) {
 			p.cutOff(ctx, it) // stopped while another worker ran this ID
 			return turnResult{ended: true}
 		}
-		defer p.guard.release(msg.ID)
+		defer p.ids.release(msg.ID)
 	}
 	var d dedupRef
 	if p.dedup != nil {
@@ -215,7 +216,11 @@ type dedupRef struct {
 // starts.
 func (p *pipeline) dedupKey(env *envelope, redriven bool) dedupRef {
 	if p.mem == nil {
-		return dedupRef{key: DeliveryKey{Topic: p.rec.topic, Subscriber: p.rec.subscriber, MessageID: env.msg.ID}}
+		k := DeliveryKey{Topic: p.rec.topic, Subscriber: p.rec.subscriber, MessageID: env.msg.ID, PublishedAt: env.msg.PublishedAt}
+		if redriven {
+			k.PublishedAt = time.Now()
+		}
+		return dedupRef{key: k}
 	}
 	h := env.idh
 	if h == (idHash{}) {
@@ -284,7 +289,7 @@ func (p *pipeline) attempt(ctx context.Context, msg *Message) (err error, f fail
 // judge decides what follows a failed attempt.
 func (p *pipeline) judge(ctx context.Context, msg *Message, err error, f failure, took time.Duration) step {
 	s := step{fault: fault{code: f.code, err: err, text: f.text}, took: took}
-	v := p.policy.decide(f, msg.Attempt)
+	v := p.policy.decideWith(f, msg.Attempt, p.plugins.safeBackoff)
 	s.retryable = v.retryable
 	switch {
 	case ctx.Err() != nil: // stopped while running: not retried

@@ -171,8 +171,8 @@ func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 // unrouted counts a message that no subscriber got.
 func (t *topic) unrouted(msg *Message) {
 	t.c.unrouted.Add(1)
-	if t.b.cfg.obs != nil {
-		t.b.cfg.obs.Unrouted(UnroutedEvent{Topic: t.name, MessageID: msg.ID})
+	if t.b.obs != nil {
+		t.b.obs.Unrouted(UnroutedEvent{Topic: t.name, MessageID: msg.ID})
 	}
 }
 

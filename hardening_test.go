@@ -222,3 +222,145 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return string(l.buf)
 }
+
+// New refuses typed-nil plug-ins: their methods would panic in a worker.
+func TestNewRefusesTypedNilPlugins(t *testing.T) {
+	tests := []struct {
+		name string
+		opt  Option
+	}{
+		{"dead-letter store", WithDeadLetterStore((*MemoryDeadLetterStore)(nil))},
+		{"idempotency store", WithIdempotencyStore((*MemoryIdempotencyStore)(nil))},
+		{"observer", WithObserver((*eventLog)(nil))},
+		{"logger without handler", WithLogger(&slog.Logger{})},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := New(tt.opt)
+			assert.ErrorIs(t, err, ErrInvalidOption)
+		})
+	}
+	b, err := New(WithIdempotencyStore(nil), WithLogger(discard)) // nil itself disables dedup
+	require.NoError(t, err)
+	require.NoError(t, b.Close(context.Background()))
+}
+
+// Plug-ins that panic on every call.
+type panicObserver struct{}
+
+func (panicObserver) Published(PublishEvent)       { panic("observer") }
+func (panicObserver) Rejected(RejectEvent)         { panic("observer") }
+func (panicObserver) Unrouted(UnroutedEvent)       { panic("observer") }
+func (panicObserver) Attempted(AttemptEvent)       { panic("observer") }
+func (panicObserver) DeadLettered(DeadLetterEvent) { panic("observer") }
+func (panicObserver) BreakerChanged(BreakerEvent)  { panic("observer") }
+
+type panicDedup struct{}
+
+func (panicDedup) Seen(context.Context, DeliveryKey) (bool, error) { panic("seen") }
+func (panicDedup) Record(context.Context, DeliveryKey) error       { panic("record") }
+
+type panicPutStore struct{ *MemoryDeadLetterStore }
+
+func (panicPutStore) Put(context.Context, DeadLetter) error { panic("put") }
+
+// A panic in an Observer hook, a Backoff, an IdempotencyStore or a
+// DeadLetterStore is recovered, logged and counted; the process lives and
+// every message still ends in exactly one state.
+func TestPanickingPluginsAreGuarded(t *testing.T) {
+	panicBackoff := func(int) time.Duration { panic("backoff") }
+	tests := []struct {
+		name string
+		opts []Option
+	}{
+		{"observer", []Option{WithObserver(panicObserver{})}},
+		{"backoff", []Option{WithRetryPolicy(RetryPolicy{MaxRetries: 2, Backoff: panicBackoff})}},
+		{"idempotency store", []Option{WithIdempotencyStore(panicDedup{})}},
+		{"dead-letter store", []Option{WithDeadLetterStore(panicPutStore{NewMemoryDeadLetterStore(10, nil)})}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				b := newTestBroker(t, tt.opts...)
+				_, err := b.Subscribe("t", "s", func(_ context.Context, m Message) error {
+					if m.ID == "bad" && m.Attempt < 3 {
+						return errBoom
+					}
+					if m.ID == "worse" {
+						return Permanent(errBoom)
+					}
+					return nil
+				}, CircuitBreaker(BreakerPolicy{Failures: 100}))
+				require.NoError(t, err)
+				publishN(t, b, "t", "ok", 3)
+				for _, id := range []string{"bad", "worse", "ok-0"} {
+					require.NoError(t, b.Publish(context.Background(), Message{ID: id, Topic: "t"}))
+				}
+				require.NoError(t, b.Publish(context.Background(), Message{ID: "x", Topic: "nobody"}))
+				settle(t, b)
+				st := b.Stats()
+				requireConserved(t, st)
+				ss := st.Topics["t"].Subscribers["s"]
+				assert.Equal(t, uint64(6), ss.Routed)
+				assert.Equal(t, uint64(1), ss.DeadLettered, "worse")
+				assert.Equal(t, ss.Routed, ss.Delivered+ss.Deduplicated+ss.DeadLettered, "each message ended once")
+				assert.NotZero(t, st.PluginPanics, "the panics were counted")
+				require.NoError(t, b.Close(context.Background()))
+			})
+		})
+	}
+}
+
+// wrappedStore is the default store behind a type of the user's own: the
+// broker cannot take its fast path, and must behave the same.
+type wrappedStore struct{ s *MemoryIdempotencyStore }
+
+func (w wrappedStore) Seen(ctx context.Context, k DeliveryKey) (bool, error) { return w.s.Seen(ctx, k) }
+func (w wrappedStore) Record(ctx context.Context, k DeliveryKey) error       { return w.s.Record(ctx, k) }
+
+// The default store's window is in publish time whether the broker uses it
+// directly or through a wrapper: a copy published 30 s after the first, but
+// delivered 2 min after it (behind a backlog), is still a duplicate; one
+// published 2 min later is not.
+func TestWrappedDefaultStoreBehavesTheSame(t *testing.T) {
+	for _, wrapped := range []bool{false, true} {
+		t.Run(fmt.Sprintf("wrapped=%v", wrapped), func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				var store IdempotencyStore = NewMemoryIdempotencyStore(time.Minute, 1000)
+				if wrapped {
+					store = wrappedStore{store.(*MemoryIdempotencyStore)}
+				}
+				b := newTestBroker(t, WithIdempotencyStore(store))
+				release := make(chan struct{})
+				var got calls
+				_, err := b.Subscribe("t", "s", recording(&got, func(m Message) error {
+					if m.ID == "blocker" {
+						<-release
+					}
+					return nil
+				}))
+				require.NoError(t, err)
+				copyOf := func(n string) Message {
+					return Message{ID: "m", Topic: "t", Headers: map[string]string{"copy": n}}
+				}
+				require.NoError(t, b.Publish(context.Background(), copyOf("1")))
+				idle()
+				require.NoError(t, b.Publish(context.Background(), Message{ID: "blocker", Topic: "t"}))
+				time.Sleep(30 * time.Second)
+				require.NoError(t, b.Publish(context.Background(), copyOf("2"))) // 30 s later: a duplicate
+				time.Sleep(90 * time.Second)
+				close(release) // copy 2 is delivered 2 min after copy 1
+				settle(t, b)
+				time.Sleep(30 * time.Second)
+				require.NoError(t, b.Publish(context.Background(), copyOf("3"))) // 2.5 min after copy 1: not one
+				settle(t, b)
+				var ran []string
+				for _, m := range got.all() {
+					ran = append(ran, m.ID+m.Headers["copy"])
+				}
+				assert.Equal(t, []string{"m1", "blocker", "m3"}, ran)
+				assert.Equal(t, uint64(1), subStats(t, b, "t", "s").Deduplicated)
+			})
+		})
+	}
+}

@@ -22,6 +22,11 @@ const (
 // of the key.
 type DeliveryKey struct {
 	Topic, Subscriber, MessageID string
+	// PublishedAt is when the message was published (for a redriven dead
+	// letter: when its redelivery started), so that a store can measure its
+	// window in publish time as the default store does; a store that dates
+	// entries by Record's clock may ignore it.
+	PublishedAt time.Time
 }
 
 // IdempotencyStore remembers which message IDs each subscriber has already
@@ -55,8 +60,10 @@ type IdempotencyStore interface {
 // retry does not change which messages count as duplicates, and the worker
 // reads no clock for it: both times come from the messages' PublishedAt. A
 // redriven dead letter counts as published again when its redelivery starts
-// (it is dated by a clock read then). Through Seen and Record, which know no
-// message, the window runs from the Record call.
+// (it is dated by a clock read then). Through Seen and Record the window is
+// the same, in DeliveryKey.PublishedAt (the broker sets it), so a store that
+// wraps this one behaves exactly like it; a key without PublishedAt is
+// dated by the clock at the call.
 //
 // The table is set-associative with two choices: a key's hash picks two
 // buckets of four entries (one cache line each); a lookup checks both, and a
@@ -188,9 +195,14 @@ func (s *MemoryIdempotencyStore) prefetch(salt dedupSalt, h idHash) {
 	prefetch.Line(unsafe.Pointer(&s.buckets[sl.j]))
 }
 
-// locate places k, dated by a clock read.
+// locate places k, dated by its PublishedAt, or by a clock read without
+// one.
 func (s *MemoryIdempotencyStore) locate(k *DeliveryKey) slot {
-	return s.slotFor(s.salt(k.Topic, k.Subscriber), s.hashID(k.MessageID), s.now())
+	at := s.now()
+	if !k.PublishedAt.IsZero() {
+		at = s.since(k.PublishedAt)
+	}
+	return s.slotFor(s.salt(k.Topic, k.Subscriber), s.hashID(k.MessageID), at)
 }
 
 // now is the time since the store's epoch, from the monotonic clock, as a

@@ -14,6 +14,9 @@ type Stats struct {
 	// DeadLetterEvicted is how many dead letters the store evicted to make
 	// room (0 if the store does not count evictions).
 	DeadLetterEvicted uint64
+	// PluginPanics is how many panics of plugged-in code (stores, observer
+	// hooks, backoffs) were recovered; each was logged at Error level.
+	PluginPanics uint64
 }
 
 // TopicStats describes one topic: its queue, what was published to it, and

@@ -80,8 +80,8 @@ func WithRetryPolicy(p RetryPolicy) Option {
 // logger). nil is refused.
 func WithDeadLetterStore(s DeadLetterStore) Option {
 	return func(c *config) error {
-		if s == nil {
-			return fmt.Errorf("%w: nil dead-letter store", ErrInvalidOption)
+		if s == nil || isNilValue(s) {
+			return fmt.Errorf("%w: nil dead-letter store (%T)", ErrInvalidOption, s)
 		}
 		c.dlq = s
 		return nil
@@ -90,9 +90,13 @@ func WithDeadLetterStore(s DeadLetterStore) Option {
 
 // WithIdempotencyStore sets the store that suppresses duplicate deliveries
 // (default: a MemoryIdempotencyStore with DefaultDedupWindow and
-// DefaultDedupEntries). nil disables deduplication.
+// DefaultDedupEntries). nil disables deduplication; a typed nil (such as a
+// nil *MemoryIdempotencyStore) is refused.
 func WithIdempotencyStore(s IdempotencyStore) Option {
 	return func(c *config) error {
+		if s != nil && isNilValue(s) {
+			return fmt.Errorf("%w: nil idempotency store (%T); pass nil itself to disable deduplication", ErrInvalidOption, s)
+		}
 		c.dedup, c.dedupSet = s, true
 		return nil
 	}
@@ -102,7 +106,7 @@ func WithIdempotencyStore(s IdempotencyStore) Option {
 // slog.New(slog.DiscardHandler) for none.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
-		if l == nil {
+		if l == nil || l.Handler() == nil {
 			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
 		}
 		c.logger = l
@@ -113,8 +117,8 @@ func WithLogger(l *slog.Logger) Option {
 // WithObserver sets the metrics hooks (default: none). nil is refused.
 func WithObserver(o Observer) Option {
 	return func(c *config) error {
-		if o == nil {
-			return fmt.Errorf("%w: nil observer", ErrInvalidOption)
+		if o == nil || isNilValue(o) {
+			return fmt.Errorf("%w: nil observer (%T)", ErrInvalidOption, o)
 		}
 		c.obs = o
 		return nil

@@ -159,6 +159,12 @@ type verdict struct {
 // retrying). A retryable failure whose attempts are used up — including
 // under a policy-wide MaxRetries of 0 — is "exhausted", not "permanent".
 func (p *RetryPolicy) decide(f failure, attempt int) verdict {
+	return p.decideWith(f, attempt, func(b Backoff, retry int) time.Duration { return b(retry) })
+}
+
+// decideWith is decide with the backoff called through call (which guards
+// it against panics).
+func (p *RetryPolicy) decideWith(f failure, attempt int, call func(Backoff, int) time.Duration) verdict {
 	if f.permanent {
 		return verdict{}
 	}
@@ -172,7 +178,7 @@ func (p *RetryPolicy) decide(f failure, attempt int) verdict {
 	}
 	v := verdict{retryable: retryable, retry: retryable && attempt <= maxRetries}
 	if v.retry {
-		v.delay = max(backoff(attempt), f.after, 0)
+		v.delay = max(call(backoff, attempt), f.after, 0)
 	}
 	return v
 }

@@ -106,15 +106,15 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	}
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
 	s.pipe = pipeline{
-		handler: h, timeout: sc.timeout, policy: policy, dedup: b.cfg.dedup,
+		handler: h, timeout: sc.timeout, policy: policy, dedup: b.dedup, plugins: b.guard,
 		rec: recorder{
 			topic: topicName, subscriber: name, c: c,
-			obs: b.cfg.obs, log: b.cfg.logger, dlq: b.cfg.dlq, newID: b.newDeadLetterID,
+			obs: b.obs, log: b.cfg.logger, dlq: b.dlq, newID: b.newDeadLetterID,
 			onDeadLetter: s.countDeadLetter,
 		},
 	}
 	if sc.concurrency > 1 {
-		s.pipe.guard = newIDGuard()
+		s.pipe.ids = newIDGuard()
 	}
 	if sc.budget != nil {
 		s.pipe.budget = newRetryBudget(*sc.budget)
@@ -168,7 +168,7 @@ func (s *Subscription) breakerChanged(from, to BreakerState) {
 	s.b.cfg.logger.LogAttrs(context.Background(), level, "broker: circuit breaker "+string(to),
 		slog.String("topic", s.t.name), slog.String("subscriber", s.name),
 		slog.String("from", string(from)), slog.String("to", string(to)), slog.Duration("open_for", ev.OpenFor))
-	if o, ok := s.b.cfg.obs.(BreakerObserver); ok {
+	if o, ok := s.b.obs.(BreakerObserver); ok {
 		o.BreakerChanged(ev)
 	}
 }

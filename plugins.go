@@ -1,0 +1,174 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+)
+
+// This file guards everything a user plugs in — stores, observers,
+// backoffs: a panic there is recovered, logged at Error level and counted
+// (Stats.PluginPanics), and never crashes the process or loses a message.
+// A store that panics is treated as that store returning an error; an
+// observer hook that panics loses that event; a backoff that panics gives
+// the default backoff's delay.
+
+// guard recovers and reports panics of plugged-in code.
+type guard struct {
+	panics *atomic.Uint64
+	log    *slog.Logger
+}
+
+// recovered is deferred around a call of plugged-in code: it recovers a
+// panic, logs and counts it, and returns it as an error (nil if none).
+func (g guard) recovered(plugin, method string, v any) error {
+	if v == nil {
+		return nil
+	}
+	g.panics.Add(1)
+	err := fmt.Errorf("broker: %s.%s panicked: %v", plugin, method, v)
+	g.log.LogAttrs(context.Background(), slog.LevelError, "broker: plugged-in code panicked",
+		slog.String("plugin", plugin), slog.String("method", method),
+		slog.String("panic", fmt.Sprint(v)), slog.String("stack", string(debug.Stack())))
+	return err
+}
+
+// isNilValue reports whether v is a typed nil (a nil pointer, map, slice,
+// func or channel in a non-nil interface), whose methods would panic.
+func isNilValue(v any) bool {
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
+}
+
+// guardedDLQ is a DeadLetterStore whose panics are errors.
+type guardedDLQ struct {
+	s DeadLetterStore
+	g guard
+}
+
+func (d guardedDLQ) Put(ctx context.Context, dl DeadLetter) (err error) {
+	defer func() {
+		if e := d.g.recovered("DeadLetterStore", "Put", recover()); e != nil {
+			err = e
+		}
+	}()
+	return d.s.Put(ctx, dl)
+}
+
+func (d guardedDLQ) List(ctx context.Context, f DeadLetterFilter) (_ []DeadLetter, err error) {
+	defer func() {
+		if e := d.g.recovered("DeadLetterStore", "List", recover()); e != nil {
+			err = e
+		}
+	}()
+	return d.s.List(ctx, f)
+}
+
+func (d guardedDLQ) Get(ctx context.Context, id string) (_ DeadLetter, _ bool, err error) {
+	defer func() {
+		if e := d.g.recovered("DeadLetterStore", "Get", recover()); e != nil {
+			err = e
+		}
+	}()
+	return d.s.Get(ctx, id)
+}
+
+func (d guardedDLQ) Delete(ctx context.Context, ids ...string) (err error) {
+	defer func() {
+		if e := d.g.recovered("DeadLetterStore", "Delete", recover()); e != nil {
+			err = e
+		}
+	}()
+	return d.s.Delete(ctx, ids...)
+}
+
+func (d guardedDLQ) Len(ctx context.Context) (_ int, err error) {
+	defer func() {
+		if e := d.g.recovered("DeadLetterStore", "Len", recover()); e != nil {
+			err = e
+		}
+	}()
+	return d.s.Len(ctx)
+}
+
+// guardedDedup is an IdempotencyStore whose panics are errors.
+type guardedDedup struct {
+	s IdempotencyStore
+	g guard
+}
+
+func (d guardedDedup) Seen(ctx context.Context, k DeliveryKey) (_ bool, err error) {
+	defer func() {
+		if e := d.g.recovered("IdempotencyStore", "Seen", recover()); e != nil {
+			err = e
+		}
+	}()
+	return d.s.Seen(ctx, k)
+}
+
+func (d guardedDedup) Record(ctx context.Context, k DeliveryKey) (err error) {
+	defer func() {
+		if e := d.g.recovered("IdempotencyStore", "Record", recover()); e != nil {
+			err = e
+		}
+	}()
+	return d.s.Record(ctx, k)
+}
+
+// guardedObserver is an Observer whose hooks' panics lose only that event.
+type guardedObserver struct {
+	o Observer
+	g guard
+}
+
+func (o guardedObserver) Published(e PublishEvent) {
+	defer func() { o.g.recovered("Observer", "Published", recover()) }()
+	o.o.Published(e)
+}
+
+func (o guardedObserver) Rejected(e RejectEvent) {
+	defer func() { o.g.recovered("Observer", "Rejected", recover()) }()
+	o.o.Rejected(e)
+}
+
+func (o guardedObserver) Unrouted(e UnroutedEvent) {
+	defer func() { o.g.recovered("Observer", "Unrouted", recover()) }()
+	o.o.Unrouted(e)
+}
+
+func (o guardedObserver) Attempted(e AttemptEvent) {
+	defer func() { o.g.recovered("Observer", "Attempted", recover()) }()
+	o.o.Attempted(e)
+}
+
+func (o guardedObserver) DeadLettered(e DeadLetterEvent) {
+	defer func() { o.g.recovered("Observer", "DeadLettered", recover()) }()
+	o.o.DeadLettered(e)
+}
+
+func (o guardedObserver) BreakerChanged(e BreakerEvent) {
+	bo, ok := o.o.(BreakerObserver)
+	if !ok {
+		return
+	}
+	defer func() { o.g.recovered("Observer", "BreakerChanged", recover()) }()
+	bo.BreakerChanged(e)
+}
+
+// safeBackoff returns backoff(retry), or the default backoff's delay if it
+// panics.
+func (g guard) safeBackoff(backoff Backoff, retry int) (d time.Duration) {
+	defer func() {
+		if g.recovered("Backoff", "call", recover()) != nil {
+			d = exponential(DefaultBackoffBase, DefaultBackoffMax, retry)
+		}
+	}()
+	return backoff(retry)
+}
