@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -141,11 +142,54 @@ func TestBrokerReportsEvictions(t *testing.T) {
 	})
 }
 
+// A dead letter the store refuses is retried with backoff while the broker
+// runs: a store that recovers gets it, and nothing is counted as lost.
+func TestDeadLetterPutIsRetried(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		var buf lockedBuffer
+		store := &flakyStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil), fails: 5}
+		b := newTestBroker(t, WithDeadLetterStore(store), WithRetryPolicy(RetryPolicy{}),
+			WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))
+		_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return errBoom })
+		require.NoError(t, err)
+		start := time.Now()
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t"}))
+		settle(t, b)
+		assert.Equal(t, 10*time.Millisecond*(1+2+4+8+16), time.Since(start), "five retries, backing off")
+		ss := subStats(t, b, "t", "s")
+		assert.Equal(t, uint64(1), ss.DeadLettered)
+		assert.Zero(t, ss.DeadLetterErrors)
+		require.Len(t, deadLetters(t, b), 1)
+		assert.Contains(t, buf.String(), "retrying")
+		requireConserved(t, b.Stats())
+	})
+}
+
+// flakyStore refuses the first fails Puts.
+type flakyStore struct {
+	*MemoryDeadLetterStore
+	mu    sync.Mutex
+	fails int
+}
+
+func (s *flakyStore) Put(ctx context.Context, dl DeadLetter) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fails > 0 {
+		s.fails--
+		return errBoom
+	}
+	return s.MemoryDeadLetterStore.Put(ctx, dl)
+}
+
 // failingStore refuses every Put.
 type failingStore struct{ *MemoryDeadLetterStore }
 
 func (failingStore) Put(context.Context, DeadLetter) error { return errBoom }
 
+// A dead letter the store keeps refusing is given up only at Close's
+// deadline: counted in DeadLettered and DeadLetterErrors, logged at Error
+// level with every field, and reported to the Observer with the error.
 func TestDeadLetterStoreErrorsAreCountedAndLogged(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		var buf bytes.Buffer
@@ -161,17 +205,26 @@ func TestDeadLetterStoreErrorsAreCountedAndLogged(t *testing.T) {
 			WithRetryPolicy(RetryPolicy{}), WithLogger(logger), WithObserver(obs))
 		_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return errBoom })
 		require.NoError(t, err)
-		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t"}))
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t", Key: "k1"}))
+		time.Sleep(time.Minute)
 		idle()
 		ss := subStats(t, b, "t", "s")
+		assert.Zero(t, ss.DeadLettered, "still retrying the Put while the broker runs")
+		assert.Equal(t, 1, ss.InFlight)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		assert.NoError(t, b.Close(ctx), "no shutdown dead letter: the message was dead-lettered (exhausted), its Put given up")
+		ss = subStats(t, b, "t", "s")
 		assert.Equal(t, uint64(1), ss.DeadLettered)
 		assert.Equal(t, uint64(1), ss.DeadLetterErrors)
+		requireConserved(t, b.Stats())
 		mu.Lock()
 		defer mu.Unlock()
 		require.Len(t, events, 1)
 		assert.ErrorIs(t, events[0].StoreErr, errBoom)
-		assert.Contains(t, buf.String(), "level=ERROR")
-		assert.Contains(t, buf.String(), "store_error=boom")
+		for _, want := range []string{"level=ERROR", "store_error=boom", "message_id=m", "key=k1", "subscriber=s", "error_code=error", "reason=exhausted", "published_at="} {
+			assert.Contains(t, buf.String(), want)
+		}
 	})
 }
 

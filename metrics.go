@@ -249,6 +249,39 @@ type recorder struct {
 	dlq               DeadLetterStore
 	newID             func() string // dead-letter IDs
 	onDeadLetter      func(reason string)
+	stop              <-chan struct{} // closed when the subscription must stop at once: a failing Put is given up
+}
+
+// Retries of a dead letter the store refused.
+const (
+	putRetryBase = 10 * time.Millisecond
+	putRetryMax  = 5 * time.Second
+)
+
+// put stores dl, retrying with backoff while the store refuses it, until
+// the subscription must stop at once (Close's or Unsubscribe's deadline):
+// then the last error is returned. The worker (so the message's key) is
+// held meanwhile: a dead letter is never dropped while the broker runs.
+func (r *recorder) put(dl *DeadLetter) error {
+	err := r.dlq.Put(context.Background(), *dl)
+	for retry := 1; err != nil; retry++ {
+		delay := exponential(putRetryBase, putRetryMax, retry)
+		if r.log.Enabled(context.Background(), slog.LevelWarn) {
+			r.log.LogAttrs(context.Background(), slog.LevelWarn, "broker: dead-letter store refused a dead letter; retrying",
+				slog.String("dead_letter_id", dl.ID), slog.String("topic", r.topic),
+				slog.String("message_id", dl.Message.ID), slog.String("subscriber", r.subscriber),
+				slog.Int("retry", retry), slog.Duration("delay", delay), slog.String("store_error", err.Error()))
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-r.stop:
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		err = r.dlq.Put(context.Background(), *dl)
+	}
+	return nil
 }
 
 func (r *recorder) attempted(msg *Message, d time.Duration, code string, retryable bool, out Outcome, delay time.Duration, err error) {
@@ -317,7 +350,7 @@ func (r *recorder) deadLetter(msg *Message, d time.Duration, reason string, f fa
 		Reason:     reason,
 		FailedAt:   time.Now(),
 	}
-	storeErr := r.dlq.Put(context.Background(), dl)
+	storeErr := r.put(&dl)
 	if storeErr != nil {
 		r.c.dlErrors.Add(1)
 	}
@@ -336,7 +369,12 @@ func (r *recorder) deadLetter(msg *Message, d time.Duration, reason string, f fa
 	if r.log.Enabled(context.Background(), level) {
 		attrs := []slog.Attr{slog.String("dead_letter_id", dl.ID), slog.String("reason", reason)}
 		if storeErr != nil {
-			attrs = append(attrs, slog.String("store_error", storeErr.Error()))
+			// Given up at a stop's deadline: the log line is all that is
+			// left of it, so it carries every field (the payload's size).
+			attrs = append(attrs, slog.String("store_error", storeErr.Error()),
+				slog.String("key", msg.Key), slog.Time("published_at", msg.PublishedAt),
+				slog.Time("failed_at", dl.FailedAt), slog.Any("headers", msg.Headers),
+				slog.Int("payload_bytes", len(msg.Payload)))
 		}
 		r.logAttrs(level, "broker: dead-lettered", msg, f, OutcomeDeadLettered, attrs...)
 	}

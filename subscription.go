@@ -110,7 +110,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 		rec: recorder{
 			topic: topicName, subscriber: name, c: c,
 			obs: b.obs, log: b.cfg.logger, dlq: b.dlq, newID: b.newDeadLetterID,
-			onDeadLetter: s.countDeadLetter,
+			onDeadLetter: s.countDeadLetter, stop: s.ctx.Done(),
 		},
 	}
 	if sc.concurrency > 1 {
