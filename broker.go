@@ -45,7 +45,7 @@ type Broker struct {
 	shutdownDLs atomic.Int64  // dead letters with reason "shutdown"
 	abandoned   atomic.Int64  // handlers Close abandoned
 
-	dlPrefix string        // makes dead-letter IDs unique across brokers
+	dlPrefix string        // makes dead-letter IDs unique across brokers and restarts
 	dlSeq    atomic.Uint64 // dead-letter sequence
 	redrive  chan struct{} // holds a token while a Redrive runs, so a dead letter is redriven once
 }
@@ -72,14 +72,12 @@ func New(opts ...Option) (*Broker, error) {
 		cfg.dedup = NewMemoryIdempotencyStore(DefaultDedupWindow, DefaultDedupEntries)
 	}
 	cfg.policy = cfg.policy.normalized()
-	var rnd [4]byte
-	_, _ = rand.Read(rnd[:])
 	b := &Broker{
 		cfg:       cfg,
 		seed:      maphash.MakeSeed(),
 		closeDone: make(chan struct{}),
 		redrive:   make(chan struct{}, 1),
-		dlPrefix:  "dl-" + hex.EncodeToString(rnd[:]) + "-",
+		dlPrefix:  newDeadLetterPrefix(time.Now()),
 	}
 	b.mem, _ = cfg.dedup.(*MemoryIdempotencyStore)
 	b.guard = guard{panics: &b.panics, log: cfg.logger}
@@ -362,6 +360,18 @@ func (b *Broker) subscription(topicName, name string) *Subscription {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.active[name]
+}
+
+// newDeadLetterPrefix returns the prefix of a broker's dead-letter IDs:
+// its start time (milliseconds, base 36) and 64 random bits. IDs are then
+// unique across brokers and restarts (a persistent store never sees an ID
+// reused: two brokers would have to start in the same millisecond and draw
+// the same 64 bits), and those of one broker sort by creation within their
+// length.
+func newDeadLetterPrefix(now time.Time) string {
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return "dl-" + strconv.FormatInt(now.UnixMilli(), 36) + "-" + hex.EncodeToString(rnd[:]) + "-"
 }
 
 func (b *Broker) newDeadLetterID() string {

@@ -376,3 +376,21 @@ func TestWrappedDefaultStoreBehavesTheSame(t *testing.T) {
 		})
 	}
 }
+
+// Dead-letter IDs never repeat across brokers, restarts included: each
+// broker's prefix has its start time and 64 random bits.
+func TestDeadLetterIDsAreUniqueAcrossBrokers(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		b, err := New(WithLogger(discard))
+		require.NoError(t, err)
+		for range 3 {
+			id := b.newDeadLetterID()
+			require.False(t, seen[id], "dead-letter ID %s repeated", id)
+			seen[id] = true
+		}
+		require.NoError(t, b.Close(context.Background()))
+	}
+	p := newDeadLetterPrefix(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	assert.Regexp(t, `^dl-[0-9a-z]+-[0-9a-f]{16}-$`, p)
+}
