@@ -16,6 +16,10 @@ type topic struct {
 	c    topicCounters
 	subs atomic.Pointer[[]*Subscription] // routing snapshot, copy on write under mu
 
+	dispatched atomic.Uint64    // messages the dispatcher took out of the queue (routed), ever
+	leaving    []*Subscription  // unsubscribing, still owed messages (guarded by mu)
+	nLeaving   atomic.Int32     // len(leaving), read without the lock
+
 	blockMu sync.Mutex // guards blocked, and the move of a wait into its subscriber's total
 	blocked *blockedOn // whose full lane the dispatcher waits for, since when; nil when it does not
 
@@ -73,6 +77,7 @@ func (t *topic) dispatch() {
 		}
 		t.routeBatch(envs, &r)
 	}
+	t.finishLeaving(true)
 	for _, s := range *t.subs.Load() {
 		s.closeLanes()
 	}
@@ -81,40 +86,67 @@ func (t *topic) dispatch() {
 // batchRoute is the dispatcher's view of the subscribers while it routes a
 // batch; its slices are reused from batch to batch.
 type batchRoute struct {
-	snap *[]*Subscription // the routing snapshot subs follows
-	subs []*Subscription
-	got  []int // per subscriber: how many of the batch it has (or skips)
+	base   uint64           // the batch's first message, counted in push order
+	snap   *[]*Subscription // the routing snapshot subs follows
+	subs   []*Subscription
+	got    []int // per subscriber: how many of the batch it has (or skips)
+	lo, hi []int // per subscriber: the part of the batch it is owed, [lo, hi)
+}
+
+// span returns the part [lo, hi) of a batch of n that s is owed: from the
+// first message dispatched after it joined (its startAt, when a
+// subscription of its name was still leaving) to the last one accepted
+// before its Unsubscribe (its leaveAt).
+func (r *batchRoute) span(s *Subscription, n int) (lo, hi int) {
+	hi = n
+	if w := s.leaveAt.Load(); w > 0 {
+		hi = int(min(uint64(n), w-min(w, r.base)))
+	}
+	if s.startAt > r.base {
+		lo = int(min(uint64(n), s.startAt-r.base))
+	}
+	return lo, max(lo, hi)
 }
 
 // follow brings r up to date with the routing snapshot when message i of
 // the batch is next: a subscriber that joined meanwhile gets the batch from
-// message i on, one that left gets no more of it.
-func (r *batchRoute) follow(snap *[]*Subscription, i int) {
+// message i on (those were still queued in the topic), one that left gets
+// no more of it.
+func (r *batchRoute) follow(snap *[]*Subscription, i, n int) {
 	if snap == r.snap {
 		return
 	}
-	subs := make([]*Subscription, 0, len(*snap))
-	got := make([]int, 0, len(*snap))
+	var subs []*Subscription
+	var got, lo, hi []int
 	for _, s := range *snap {
-		g := i
+		g, l, h := -1, 0, n
 		for k, old := range r.subs {
 			if old == s {
-				g = r.got[k]
+				g, l, h = r.got[k], r.lo[k], r.hi[k]
 				break
 			}
 		}
-		subs, got = append(subs, s), append(got, g)
+		if g < 0 {
+			l, h = r.span(s, n)
+			l = max(l, i)
+			g = l
+			if g >= h {
+				g = n
+			}
+		}
+		subs, got, lo, hi = append(subs, s), append(got, g), append(lo, l), append(hi, h)
 	}
-	r.snap, r.subs, r.got = snap, subs, got
+	r.snap, r.subs, r.got, r.lo, r.hi = snap, subs, got, lo, hi
 }
 
-// reset starts a batch with the current snapshot.
-func (r *batchRoute) reset(snap *[]*Subscription) {
-	r.snap = snap
+// reset starts a batch of n with the current snapshot.
+func (r *batchRoute) reset(snap *[]*Subscription, base uint64, n int) {
+	r.base, r.snap = base, snap
 	r.subs = append(r.subs[:0], *snap...)
-	r.got = r.got[:0]
-	for range r.subs {
-		r.got = append(r.got, 0)
+	r.got, r.lo, r.hi = r.got[:0], r.lo[:0], r.hi[:0]
+	for _, s := range r.subs {
+		lo, hi := r.span(s, n)
+		r.got, r.lo, r.hi = append(r.got, lo), append(r.lo, lo), append(r.hi, hi)
 	}
 }
 
@@ -126,15 +158,19 @@ func (r *batchRoute) reset(snap *[]*Subscription) {
 // (backpressure), and following subscribers who join or leave meanwhile. A
 // message counts as queued in the topic until every subscriber has it:
 // before each wait the fully routed prefix is removed. A subscriber
-// stopping at once gets its messages as dead letters; one leaving does not
-// get them.
+// stopping at once gets its messages as dead letters. A leaving subscriber
+// gets every message accepted before its Unsubscribe, and no later one.
 func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 	n := len(envs)
-	r.reset(t.subs.Load())
+	r.reset(t.subs.Load(), t.dispatched.Load(), n)
 	var accepted [dispatchBatch]bool
 	for si, s := range r.subs {
-		r.got[si] = s.tryRouteN(envs)
-		markAccepted(accepted[:], 0, r.got[si])
+		lo, hi := r.lo[si], r.hi[si]
+		k := s.tryRouteN(envs[lo:hi])
+		markAccepted(accepted[:], lo, lo+k)
+		if r.got[si] = lo + k; r.got[si] >= hi {
+			r.got[si] = n
+		}
 	}
 	done := 0                // taken from the topic queue
 	release := func(p int) { // messages before p are routed: out of the queue
@@ -144,7 +180,11 @@ func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 			}
 		}
 		t.q.TakenN(p - done)
+		t.dispatched.Add(uint64(p - done))
 		done = p
+		if t.nLeaving.Load() > 0 {
+			t.finishLeaving(false)
+		}
 	}
 	freePrefix := func() {
 		if p := minOf(r.got, n); p > done {
@@ -152,20 +192,72 @@ func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 		}
 	}
 	for i := range n {
-		r.follow(t.subs.Load(), i)
-		for si, s := range r.subs {
-			if r.got[si] > i {
-				continue
+		for more := true; more; {
+			// Until no subscriber is owed message i: one that joins while
+			// the dispatcher waits for room gets it too.
+			r.follow(t.subs.Load(), i, n)
+			more = false
+			for si, s := range r.subs {
+				if r.got[si] > i {
+					continue
+				}
+				more = true
+				if s.route(&envs[i], nil, nil, freePrefix) == nil {
+					accepted[i] = true
+				}
+				hi := r.hi[si]
+				k := s.tryRouteN(envs[i+1 : hi])
+				markAccepted(accepted[:], i+1, i+1+k)
+				if r.got[si] = i + 1 + k; r.got[si] >= hi {
+					r.got[si] = n
+				}
 			}
-			if s.route(&envs[i], nil, nil, freePrefix) == nil {
-				accepted[i] = true
-			}
-			k := s.tryRouteN(envs[i+1:])
-			markAccepted(accepted[:], i+1, i+1+k)
-			r.got[si] = i + 1 + k
 		}
 	}
 	release(n)
+}
+
+// leave starts s's leaving: it is owed every message accepted so far, and
+// leaves the routing snapshot (its lanes closed) once the dispatcher has
+// routed them, or at once if it has.
+func (t *topic) leave(s *Subscription) {
+	t.mu.Lock()
+	w := t.q.Snapshot().Pushed
+	if t.dispatched.Load() >= w {
+		t.removeSubLocked(s)
+		t.mu.Unlock()
+		s.closeLanes()
+		close(s.left)
+		return
+	}
+	s.leaveAt.Store(w)
+	t.leaving = append(t.leaving, s)
+	t.nLeaving.Add(1)
+	t.mu.Unlock()
+}
+
+// finishLeaving takes out of the routing snapshot the leaving subscribers
+// whose messages have all been dispatched (all of them, at the end).
+func (t *topic) finishLeaving(all bool) {
+	var gone []*Subscription
+	t.mu.Lock()
+	kept := t.leaving[:0]
+	for _, s := range t.leaving {
+		if all || t.dispatched.Load() >= s.leaveAt.Load() {
+			t.removeSubLocked(s)
+			gone = append(gone, s)
+			continue
+		}
+		kept = append(kept, s)
+	}
+	clear(t.leaving[len(kept):])
+	t.leaving = kept
+	t.nLeaving.Store(int32(len(kept)))
+	t.mu.Unlock()
+	for _, s := range gone {
+		s.closeLanes()
+		close(s.left)
+	}
 }
 
 // unrouted counts a message that no subscriber got.

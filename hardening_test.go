@@ -394,3 +394,29 @@ func TestDeadLetterIDsAreUniqueAcrossBrokers(t *testing.T) {
 	p := newDeadLetterPrefix(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
 	assert.Regexp(t, `^dl-[0-9a-z]+-[0-9a-f]{16}-$`, p)
 }
+
+// A graceful Unsubscribe right after a burst delivers every message
+// accepted before it, including those the dispatcher had not reached.
+func TestUnsubscribeAfterABurstDeliversIt(t *testing.T) {
+	for _, workers := range []int{1, 4} {
+		t.Run(fmt.Sprintf("concurrency %d", workers), func(t *testing.T) {
+			b := newTestBroker(t, WithQueueSize(64))
+			var n atomic.Int32
+			sub, err := b.Subscribe("t", "s", func(context.Context, Message) error {
+				n.Add(1)
+				return nil
+			}, Concurrency(workers), LaneSize(8))
+			require.NoError(t, err)
+			const burst = 60
+			for i := range burst {
+				require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprint("m", i), Topic: "t"}))
+			}
+			require.NoError(t, sub.Unsubscribe(context.Background()))
+			assert.Equal(t, int32(burst), n.Load())
+			ss := subStats(t, b, "t", "s")
+			assert.Equal(t, uint64(burst), ss.Routed)
+			assert.Equal(t, uint64(burst), ss.Delivered)
+			assert.Empty(t, deadLetters(t, b))
+		})
+	}
+}

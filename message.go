@@ -6,10 +6,11 @@ import (
 	"time"
 )
 
-// Message is the unit the broker carries. Publish copies the struct, but
-// Payload and Headers are shared, not copied: do not modify them after
-// Publish, and treat them as read-only in handlers (every subscriber sees the
-// same backing data).
+// Message is the unit the broker carries. Who owns what: Publish copies the
+// struct and nothing else, so do not modify Payload or Headers after
+// Publish. Each handler call gets its own copy of Headers (it may add trace
+// context to it); Payload is shared by every subscriber and must be treated
+// as read-only.
 type Message struct {
 	// ID identifies the message and is its idempotency key: a subscriber that
 	// has delivered an ID is not handed a copy published within the dedup
@@ -23,10 +24,11 @@ type Message struct {
 	// on). Without a Key a message is ordered only by dispatch, unless the
 	// subscriber is Ordered.
 	Key string
-	// Payload is the body, passed through untouched.
+	// Payload is the body, passed through untouched and shared by every
+	// subscriber: read-only.
 	Payload []byte
-	// Headers carry metadata such as W3C trace context; passed through
-	// untouched.
+	// Headers carry metadata such as W3C trace context; each handler call
+	// gets its own copy, which it may modify.
 	Headers map[string]string
 	// Attempt is set by the broker on each delivery: 1 for the first.
 	Attempt int

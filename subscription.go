@@ -27,7 +27,10 @@ type Subscription struct {
 	ctx    context.Context         // handlers' base context; cancelled to stop at once
 	cancel context.CancelCauseFunc // with errShutdown or errUnsubscribed
 
-	removed   atomic.Bool  // out of the routing snapshot: route nothing more to it
+	removed   atomic.Bool   // out of the routing snapshot: route nothing more to it
+	leaveAt   atomic.Uint64 // once Unsubscribe was called: messages accepted before (in push order) are owed to it
+	startAt   uint64        // the first message it is owed, when a subscription of its name was still leaving
+	left      chan struct{} // closed when it left the routing snapshot, every owed message routed
 	live      atomic.Int32 // workers still running (abandoned ones not included)
 	wmu       sync.Mutex   // guards ws
 	ws        map[*worker]struct{}
@@ -92,7 +95,13 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 		b: b, t: t, name: name, c: c, workers: sc.concurrency,
 		done:     make(chan struct{}),
 		unsubbed: make(chan struct{}),
+		left:     make(chan struct{}),
 		ws:       make(map[*worker]struct{}),
+	}
+	for _, l := range t.leaving { // a name unsubscribed, still owed messages: they stay its
+		if l.name == name {
+			s.startAt = max(s.startAt, l.leaveAt.Load())
+		}
 	}
 	var br *breaker
 	if sc.breaker != nil {
@@ -249,8 +258,10 @@ func (s *Subscription) fill(st *SubscriberStats, now time.Time) {
 	}
 }
 
-// Unsubscribe stops routing messages to the subscriber and finishes the
-// messages already routed to it (with their retries) until ctx ends; then it
+// Unsubscribe stops routing messages to the subscriber once the messages
+// accepted by Publish before the call are routed to it (they are owed to
+// it, even those the dispatcher had not reached), and finishes them (with
+// their retries) until ctx ends; then it
 // cancels the running handlers' contexts, waits for them to return, and
 // dead-letters every unfinished message with reason "unsubscribed",
 // returning a *DrainError that says how many. Handlers see their context's
@@ -279,21 +290,26 @@ func (s *Subscription) Unsubscribe(ctx context.Context) error {
 		}
 	}
 	t := s.t
-	t.mu.Lock()
-	t.removeSubLocked(s)
-	t.mu.Unlock()
-	s.closeLanes()
+	t.leave(s) // owed: every message accepted before this call
 	select {
 	case <-s.done:
 	case <-ctx.Done():
 		s.cancel(errUnsubscribed)
 		s.stopNow()
+		// Owed messages the dispatcher reaches now are dead-lettered as it
+		// routes them; wait for that (and the handlers) at most the grace.
 		grace := time.NewTimer(ShutdownGrace)
-		select {
-		case <-s.done:
-		case <-grace.C:
-			s.abandon()
-			<-s.done
+		for left, done := s.left, s.done; left != nil || done != nil; {
+			select {
+			case <-left:
+				left = nil
+			case <-done:
+				done = nil
+			case <-grace.C:
+				s.abandon()
+				<-s.done
+				left, done = nil, nil
+			}
 		}
 		grace.Stop()
 	}
