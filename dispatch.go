@@ -16,9 +16,9 @@ type topic struct {
 	c    topicCounters
 	subs atomic.Pointer[[]*Subscription] // routing snapshot, copy on write under mu
 
-	dispatched atomic.Uint64    // messages the dispatcher took out of the queue (routed), ever
-	leaving    []*Subscription  // unsubscribing, still owed messages (guarded by mu)
-	nLeaving   atomic.Int32     // len(leaving), read without the lock
+	dispatched atomic.Uint64   // messages the dispatcher took out of the queue (routed), ever
+	leaving    []*Subscription // unsubscribing, still owed messages (guarded by mu)
+	nLeaving   atomic.Int32    // len(leaving), read without the lock
 
 	blockMu sync.Mutex // guards blocked, and the move of a wait into its subscriber's total
 	blocked *blockedOn // whose full lane the dispatcher waits for, since when; nil when it does not

@@ -31,8 +31,8 @@ type Subscription struct {
 	leaveAt   atomic.Uint64 // once Unsubscribe was called: messages accepted before (in push order) are owed to it
 	startAt   uint64        // the first message it is owed, when a subscription of its name was still leaving
 	left      chan struct{} // closed when it left the routing snapshot, every owed message routed
-	live      atomic.Int32 // workers still running (abandoned ones not included)
-	wmu       sync.Mutex   // guards ws
+	live      atomic.Int32  // workers still running (abandoned ones not included)
+	wmu       sync.Mutex    // guards ws
 	ws        map[*worker]struct{}
 	abandoned atomic.Int64  // handlers an Unsubscribe abandoned
 	done      chan struct{} // closed when the last worker returned
