@@ -59,7 +59,7 @@ func New(opts ...Option) (*Broker, error) {
 			continue
 		}
 		if err := o(&cfg); err != nil {
-			return nil, fmt.Errorf("broker: new: %w", err)
+			return nil, err // "broker: invalid option: …"
 		}
 	}
 	if cfg.logger == nil {
@@ -297,7 +297,7 @@ func (b *Broker) Redrive(ctx context.Context, ids ...string) (int, error) {
 	case b.redrive <- struct{}{}:
 		defer func() { <-b.redrive }()
 	case <-b.closeDone:
-		return 0, fmt.Errorf("broker: redrive: %w", ErrClosed)
+		return 0, fmt.Errorf("%w: redrive", ErrClosed)
 	case <-ctx.Done():
 		return 0, fmt.Errorf("broker: redrive: %w", ctx.Err())
 	}
@@ -315,7 +315,7 @@ func (b *Broker) Redrive(ctx context.Context, ids ...string) (int, error) {
 
 func (b *Broker) redriveOne(ctx context.Context, id string) error {
 	if b.closed.Load() {
-		return fmt.Errorf("redrive %q: %w", id, ErrClosed)
+		return fmt.Errorf("%w: redrive %q", ErrClosed, id)
 	}
 	dl, ok, err := b.dlq.Get(ctx, id)
 	if err != nil {
@@ -336,7 +336,7 @@ func (b *Broker) redriveOne(ctx context.Context, id string) error {
 	case nil:
 	case queue.ErrClosed:
 		if b.closed.Load() {
-			return fmt.Errorf("redrive %q: %w", id, ErrClosed)
+			return fmt.Errorf("%w: redrive %q", ErrClosed, id)
 		}
 		return fmt.Errorf("%w: redrive %q: %q on topic %q is unsubscribing", ErrSubscriberNotFound, id, dl.Subscriber, dl.Message.Topic)
 	case queue.ErrStopped:

@@ -58,7 +58,8 @@
 //     error: code "timeout", retryable, whatever the error;
 //   - [Permanent](err): code "permanent" (or err's own code), never retried;
 //   - [RetryAfter](err, d): code "throttled", retried no sooner than d;
-//   - an error with a method ErrorCode() string: that code, retryable;
+//   - an error with a method ErrorCode() string ([ErrorCoder]): that code,
+//     retryable;
 //   - anything else: code "error", retryable.
 //
 // A retryable failure is retried while attempts remain under the rule for

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -418,5 +419,23 @@ func TestUnsubscribeAfterABurstDeliversIt(t *testing.T) {
 			assert.Equal(t, uint64(burst), ss.Delivered)
 			assert.Empty(t, deadLetters(t, b))
 		})
+	}
+}
+
+// Every error the API returns says where it comes from, once: "broker: …".
+func TestErrorsSayBrokerOnce(t *testing.T) {
+	b := newTestBroker(t)
+	_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return nil })
+	require.NoError(t, err)
+	_, newErr := New(WithQueueSize(0))
+	_, subErr := b.Subscribe("t", "x", func(context.Context, Message) error { return nil }, LaneSize(0))
+	_, redriveErr := b.Redrive(context.Background(), "nope")
+	pubErr := b.Publish(context.Background(), Message{Topic: "t"})
+	require.NoError(t, b.Close(context.Background()))
+	_, closedErr := b.Redrive(context.Background(), "nope")
+	for _, err := range []error{newErr, subErr, redriveErr, pubErr, closedErr, b.Publish(context.Background(), Message{ID: "m", Topic: "t"})} {
+		require.Error(t, err)
+		assert.True(t, strings.HasPrefix(err.Error(), "broker: "), "%q", err)
+		assert.Equal(t, 1, strings.Count(err.Error(), "broker:"), "%q", err)
 	}
 }

@@ -328,8 +328,8 @@ func (r *recorder) deduplicated(msg *Message) {
 func (r *recorder) retrying(msg *Message, d, delay time.Duration, f fault) {
 	r.c.retries.Add(1)
 	r.attempted(msg, d, f.code, true, OutcomeRetry, delay, f.err)
-	if r.log.Enabled(context.Background(), slog.LevelInfo) {
-		r.logAttrs(slog.LevelInfo, "broker: attempt failed, retrying", msg, f, OutcomeRetry,
+	if r.log.Enabled(context.Background(), slog.LevelDebug) {
+		r.logAttrs(slog.LevelDebug, "broker: attempt failed, retrying", msg, f, OutcomeRetry,
 			slog.Duration("delay", delay))
 	}
 }

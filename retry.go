@@ -191,8 +191,11 @@ type failure struct {
 	text      string        // the error's text, read once
 }
 
-// coder is an error that names its own code.
-type coder interface {
+// ErrorCoder is an error that names its own code: a handler error that
+// implements it (anywhere in its chain, as errors.As finds it) is
+// classified by that code, and RetryPolicy.ByCode can set a rule for it.
+// An empty code counts as none.
+type ErrorCoder interface {
 	error
 	ErrorCode() string
 }
@@ -209,7 +212,7 @@ func classify(err error, timedOut bool) failure {
 	}
 	if pe, ok := errors.AsType[*permanentError](err); ok {
 		code := CodePermanent
-		if c, ok := errors.AsType[coder](pe.err); ok && c.ErrorCode() != "" {
+		if c, ok := errors.AsType[ErrorCoder](pe.err); ok && c.ErrorCode() != "" {
 			code = c.ErrorCode()
 		}
 		return failure{code: code, permanent: true}
@@ -217,7 +220,7 @@ func classify(err error, timedOut bool) failure {
 	if ra, ok := errors.AsType[*retryAfterError](err); ok {
 		return failure{code: CodeThrottled, after: ra.after}
 	}
-	if c, ok := errors.AsType[coder](err); ok {
+	if c, ok := errors.AsType[ErrorCoder](err); ok {
 		if code := c.ErrorCode(); code != "" {
 			return failure{code: code}
 		}

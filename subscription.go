@@ -67,7 +67,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 			continue
 		}
 		if err := o(&sc); err != nil {
-			return nil, fmt.Errorf("subscribe %q to %q: %w", name, topicName, err)
+			return nil, fmt.Errorf("%w (subscribe %q to %q)", err, name, topicName)
 		}
 	}
 	policy := b.cfg.policy
