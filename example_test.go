@@ -161,9 +161,7 @@ func ExampleBroker_Redrive() {
 		return nil
 	})
 	_ = b.Publish(context.Background(), broker.Message{ID: "pay-1", Topic: "payments"})
-	for b.Stats().Topics["payments"].Subscribers["ledger"].DeadLettered == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(func() bool { return b.Stats().Topics["payments"].Subscribers["ledger"].DeadLettered == 1 })
 
 	dls, _ := b.DeadLetters().List(context.Background(), broker.DeadLetterFilter{Subscriber: "ledger"})
 	dl := dls[0]
@@ -220,13 +218,10 @@ func ExampleBroker_Stats() {
 	for i := range 10 {
 		_ = b.Publish(context.Background(), broker.Message{ID: fmt.Sprint("log-", i), Topic: "logs"})
 	}
-	for { // wait until fast is done and slow holds all ten
+	waitFor(func() bool { // fast is done and slow holds all ten
 		t := b.Stats().Topics["logs"]
-		if t.Subscribers["fast"].Delivered == 10 && t.Subscribers["slow"].InFlight == 1 && t.Subscribers["slow"].Queued == 9 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return t.Subscribers["fast"].Delivered == 10 && t.Subscribers["slow"].InFlight == 1 && t.Subscribers["slow"].Queued == 9
+	})
 	show := func() {
 		t := b.Stats().Topics["logs"]
 		fmt.Printf("published=%d queued=%d\n", t.Published, t.Queued)

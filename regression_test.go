@@ -129,49 +129,91 @@ func TestRetryCutOffInBackoff(t *testing.T) {
 	})
 }
 
-// Redrive racing Close: whatever Redrive routes is finished (or
-// dead-lettered) before Close returns and is in Close's count.
+// Redrive and Close meet in each order, and with Redrive waiting for room
+// in a full lane when Close's deadline ends: every dead letter is either
+// still in the store (not accepted) or was accepted and then ended (here,
+// dead-lettered again with reason "shutdown"), and Close's DrainError counts
+// exactly the shutdown dead letters.
 func TestRedriveDuringClose(t *testing.T) {
-	bubble(t, func(t *testing.T) {
-		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{}))
-		var fail atomic.Bool
-		fail.Store(true)
-		_, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
-			if fail.Load() {
-				return errBoom
-			}
-			return blockUntilCancelled(ctx, m)
+	for _, order := range []string{"redrive first", "close first", "redrive waiting for room"} {
+		t.Run(order, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				b := newTestBroker(t, WithRetryPolicy(RetryPolicy{}), WithPublishTimeout(time.Hour))
+				var fail atomic.Bool
+				fail.Store(true)
+				_, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
+					if fail.Load() {
+						return errBoom
+					}
+					return blockUntilCancelled(ctx, m)
+				}, LaneSize(1))
+				require.NoError(t, err)
+				publishN(t, b, "t", "m", 3)
+				idle()
+				fail.Store(false)
+				var ids []string
+				for _, dl := range deadLetters(t, b) {
+					ids = append(ids, dl.ID)
+				}
+				require.Len(t, ids, 3)
+				var accepted int
+				var redriveErr error
+				done := make(chan struct{})
+				redrive := func() {
+					defer close(done)
+					accepted, redriveErr = b.Redrive(context.Background(), ids...)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				switch order {
+				case "redrive first":
+					go redrive()
+					idle() // m-0 runs, m-1 in the lane, Redrive waits for room with m-2
+					err = b.Close(ctx)
+				case "close first":
+					closed := make(chan error, 1)
+					go func() { closed <- b.Close(ctx) }()
+					idle()
+					go redrive()
+					err = <-closed
+				case "redrive waiting for room":
+					go redrive()
+					idle()
+					require.Equal(t, 1, subStats(t, b, "t", "s").Queued, "Redrive waits for room")
+					err = b.Close(ctx) // its deadline ends while Redrive waits
+				}
+				<-done
+				left := map[string]bool{}
+				shutdown := 0
+				for _, dl := range deadLetters(t, b) {
+					if dl.Reason == ReasonShutdown {
+						shutdown++
+					} else {
+						left[dl.ID] = true
+					}
+				}
+				assert.Equal(t, 3, accepted+len(left), "every dead letter accepted or still stored (%v)", redriveErr)
+				assert.Equal(t, accepted, shutdown, "each accepted one ended as a shutdown dead letter")
+				if order == "close first" {
+					assert.Zero(t, accepted)
+					assert.ErrorIs(t, redriveErr, ErrClosed)
+				} else {
+					// Two fit before Close; the third waits for room until
+					// Close closes the lane: refused, it stays in the store.
+					assert.Equal(t, 2, accepted)
+					assert.ErrorIs(t, redriveErr, ErrClosed)
+				}
+				if shutdown > 0 {
+					var de *DrainError
+					require.ErrorAs(t, err, &de)
+					assert.Equal(t, shutdown, de.DeadLettered)
+				} else {
+					assert.NoError(t, err)
+				}
+				requireConserved(t, b.Stats())
+			})
 		})
-		require.NoError(t, err)
-		publishN(t, b, "t", "m", 3)
-		idle()
-		fail.Store(false)
-		var ids []string
-		for _, dl := range deadLetters(t, b) {
-			ids = append(ids, dl.ID)
-		}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_, _ = b.Redrive(context.Background(), ids...)
-		}()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		err = b.Close(ctx)
-		<-done
-		shutdown := 0
-		for _, dl := range deadLetters(t, b) {
-			if dl.Reason == ReasonShutdown {
-				shutdown++
-			}
-		}
-		var de *DrainError
-		if shutdown > 0 {
-			require.ErrorAs(t, err, &de)
-			assert.Equal(t, shutdown, de.DeadLettered)
-		}
-		requireConserved(t, b.Stats())
-	})
+	}
 }
 
 // Every message accepted before Unsubscribe is owed to the leaving
