@@ -26,9 +26,10 @@ type Broker struct {
 	seed  maphash.Seed
 	clock wallclock.Clock // PublishedAt, at one clock read instead of time.Now's two
 
-	mu     sync.Mutex                        // serialises topic creation, Subscribe and the start of Close
-	topics atomic.Pointer[map[string]*topic] // copy on write under mu; read without a lock
-	closed atomic.Bool                       // set under mu by Close
+	mu     sync.Mutex  // serialises topic creation and retirement, Subscribe and the start of Close
+	topics sync.Map    // name → *topic, the live topics (created and retired under mu)
+	gone   *goneTopics // counters of retired topics, bounded
+	closed atomic.Bool // set under mu by Close
 
 	abortCtx context.Context         // parent of every subscription's context
 	abort    context.CancelCauseFunc // cancels it with errShutdown
@@ -91,7 +92,7 @@ func New(opts ...Option) (*Broker, error) {
 		b.obs = guardedObserver{o: cfg.obs, g: b.guard}
 	}
 	b.abortCtx, b.abort = context.WithCancelCause(context.Background())
-	b.topics.Store(&map[string]*topic{})
+	b.gone = newGoneTopics()
 	return b, nil
 }
 
@@ -129,6 +130,9 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 		}
 		return nil
 	case queue.ErrClosed:
+		if !b.closed.Load() {
+			return b.Publish(ctx, msg) // the topic retired meanwhile: a new one takes it
+		}
 		return ErrClosed
 	}
 	if err == queue.ErrStopped {
@@ -137,7 +141,7 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 		err = fmt.Errorf("%w: publish %q to %q: topic queue of %d stayed full for %v",
 			ErrQueueFull, msg.ID, msg.Topic, t.q.Cap(), b.cfg.publishTimeout)
 	}
-	t.c.rejected.Add(1)
+	t.tally.rejected.Add(1)
 	if b.obs != nil {
 		b.obs.Rejected(RejectEvent{Topic: msg.Topic, MessageID: msg.ID, Err: err})
 	}
@@ -157,41 +161,6 @@ func pushWait[T any](q *queue.Queue[T], v T, ctx context.Context, timeout time.D
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	return q.PushWait(v, cancel, nil, timer.C)
-}
-
-// topic returns the named topic, creating it (and its dispatcher) on first
-// use. It fails with ErrClosed after Close.
-func (b *Broker) topic(name string) (*topic, error) {
-	if b.closed.Load() {
-		return nil, ErrClosed
-	}
-	if t := (*b.topics.Load())[name]; t != nil {
-		return t, nil
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed.Load() {
-		return nil, ErrClosed
-	}
-	return b.topicLocked(name), nil
-}
-
-// topicLocked is topic with b.mu held and the broker open.
-func (b *Broker) topicLocked(name string) *topic {
-	old := *b.topics.Load()
-	if t := old[name]; t != nil {
-		return t
-	}
-	t := newTopic(b, name)
-	m := make(map[string]*topic, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
-	m[name] = t
-	b.topics.Store(&m)
-	b.wg.Add(1)
-	go t.dispatch()
-	return t
 }
 
 // ShutdownGrace is how long Close and Unsubscribe wait, once their context
@@ -223,7 +192,7 @@ func (b *Broker) Close(ctx context.Context) error {
 	}
 	b.mu.Lock()
 	first := !b.closed.Swap(true)
-	topics := *b.topics.Load()
+	topics := b.liveTopics() // no topic is created or retired once closed
 	b.mu.Unlock()
 	if !first {
 		select {
@@ -353,10 +322,11 @@ func (b *Broker) redriveOne(ctx context.Context, id string) error {
 
 // subscription returns the active subscriber name on topicName, or nil.
 func (b *Broker) subscription(topicName, name string) *Subscription {
-	t := (*b.topics.Load())[topicName]
-	if t == nil {
+	v, ok := b.topics.Load(topicName)
+	if !ok {
 		return nil
 	}
+	t := v.(*topic)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.active[name]
@@ -385,14 +355,15 @@ func (b *Broker) newDeadLetterID() string {
 // time (as a push or a take does), and each topic's subscriber list lock.
 func (b *Broker) Stats() Stats {
 	now := time.Now()
-	topics := *b.topics.Load()
+	topics := b.liveTopics()
 	st := Stats{Topics: make(map[string]TopicStats, len(topics))}
+	b.gone.stats(&st) // live topics below replace a gone one of their name
 	if e, ok := b.cfg.dlq.(interface{ Evicted() uint64 }); ok {
 		st.DeadLetterEvicted = e.Evicted()
 	}
 	st.PluginPanics = b.panics.Load()
-	for name, t := range topics {
-		st.Topics[name] = t.stats(now)
+	for _, t := range topics {
+		st.Topics[t.name] = t.stats(now)
 	}
 	return st
 }

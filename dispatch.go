@@ -13,7 +13,6 @@ type topic struct {
 	b    *Broker
 	name string
 	q    *queue.Queue[envelope]
-	c    topicCounters
 	subs atomic.Pointer[[]*Subscription] // routing snapshot, copy on write under mu
 
 	dispatched atomic.Uint64   // messages the dispatcher took out of the queue (routed), ever
@@ -23,9 +22,10 @@ type topic struct {
 	blockMu sync.Mutex // guards blocked, and the move of a wait into its subscriber's total
 	blocked *blockedOn // whose full lane the dispatcher waits for, since when; nil when it does not
 
-	mu       sync.Mutex               // guards active, counters and writes to subs
-	active   map[string]*Subscription // by name, until Unsubscribe returns
-	counters map[string]*subCounters  // by name, kept forever
+	mu     sync.Mutex               // guards active, the tally's subscriber counters and writes to subs
+	active map[string]*Subscription // by name, until Unsubscribe returns
+	tally  *tally                   // counters that outlive the topic's goroutine
+	kick   chan struct{}            // wakes the dispatcher to see whether the topic can retire
 }
 
 // blockedOn is a dispatcher's wait for room in a subscriber's lane.
@@ -49,12 +49,13 @@ func (t *topic) blockEnd(s *Subscription, d time.Duration) {
 	t.blockMu.Unlock()
 }
 
-func newTopic(b *Broker, name string) *topic {
+func newTopic(b *Broker, name string, tl *tally) *topic {
 	t := &topic{
 		b: b, name: name,
-		q:        queue.New[envelope](b.cfg.queueSize),
-		active:   make(map[string]*Subscription),
-		counters: make(map[string]*subCounters),
+		q:      queue.New[envelope](b.cfg.queueSize),
+		active: make(map[string]*Subscription),
+		tally:  tl,
+		kick:   make(chan struct{}, 1),
 	}
 	t.subs.Store(new([]*Subscription))
 	return t
@@ -71,11 +72,18 @@ func (t *topic) dispatch() {
 	defer t.b.wg.Done()
 	var r batchRoute
 	for {
-		envs, ok := t.q.TakeWait(nil, dispatchBatch)
+		envs, ok := t.q.TakeWait(t.kick, dispatchBatch)
 		if !ok {
-			break
+			if t.q.Closed() {
+				break // closed by Close (or retired): drained
+			}
+			t.tryRetire() // kicked: the last subscriber left
+			continue
 		}
 		t.routeBatch(envs, &r)
+		if len(*t.subs.Load()) == 0 {
+			t.tryRetire() // routed to nobody: retire if nothing else came
+		}
 	}
 	t.finishLeaving(true)
 	for _, s := range *t.subs.Load() {
@@ -234,6 +242,12 @@ func (t *topic) leave(s *Subscription) {
 	t.leaving = append(t.leaving, s)
 	t.nLeaving.Add(1)
 	t.mu.Unlock()
+	// The dispatcher adds to dispatched, then looks at nLeaving; this looks
+	// at dispatched again after adding to nLeaving: one of the two sees the
+	// other, so a release that raced the first look is not missed.
+	if t.dispatched.Load() >= w {
+		t.finishLeaving(false)
+	}
 }
 
 // finishLeaving takes out of the routing snapshot the leaving subscribers
@@ -262,7 +276,7 @@ func (t *topic) finishLeaving(all bool) {
 
 // unrouted counts a message that no subscriber got.
 func (t *topic) unrouted(msg *Message) {
-	t.c.unrouted.Add(1)
+	t.tally.unrouted.Add(1)
 	if t.b.obs != nil {
 		t.b.obs.Unrouted(UnroutedEvent{Topic: t.name, MessageID: msg.ID})
 	}
@@ -288,6 +302,9 @@ func minOf(xs []int, n int) int {
 func (t *topic) deactivate() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	for name := range t.active {
+		t.tally.left(name)
+	}
 	clear(t.active)
 }
 
@@ -312,6 +329,30 @@ func (t *topic) addSubLocked(s *Subscription) {
 	t.subs.Store(&subs)
 }
 
+// tryRetire ends the topic when it has no subscriber and nothing queued:
+// its queue closes (a Publish that meets it looks the topic up again, and
+// creates a new one), it leaves the broker's map, and its counters go to
+// the broker's bounded store of gone topics. It serialises with topic
+// creation and Subscribe through the broker's mutex. A closing broker
+// retires nothing: Close drains every topic.
+func (t *topic) tryRetire() {
+	b := t.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return
+	}
+	t.mu.Lock()
+	idle := len(t.active) == 0 && len(t.leaving) == 0 && len(*t.subs.Load()) == 0
+	t.mu.Unlock()
+	if !idle || !t.q.CloseIfEmpty() {
+		return
+	}
+	b.topics.Delete(t.name)
+	t.tally.published.Add(t.q.Snapshot().Pushed)
+	b.gone.add(t.name, t.tally)
+}
+
 // removeSubLocked takes s out of the routing snapshot (it stays in active
 // until its Unsubscribe returns, keeping the name taken). A dispatcher that
 // still holds an older snapshot sees s.removed and routes nothing more to it.
@@ -325,14 +366,25 @@ func (t *topic) removeSubLocked(s *Subscription) {
 		}
 	}
 	t.subs.Store(&subs)
+	if len(subs) == 0 {
+		t.kickDispatcher()
+	}
+}
+
+// kickDispatcher wakes the dispatcher to see whether the topic can retire.
+func (t *topic) kickDispatcher() {
+	select {
+	case t.kick <- struct{}{}:
+	default:
+	}
 }
 
 func (t *topic) stats(now time.Time) TopicStats {
 	q := t.q.Snapshot()
 	ts := TopicStats{
-		Published: q.Pushed, // a publish is accepted when it is queued
-		Rejected:  t.c.rejected.Load(),
-		Unrouted:  t.c.unrouted.Load(),
+		Published: t.tally.published.Load() + q.Pushed, // a publish is accepted when it is queued
+		Rejected:  t.tally.rejected.Load(),
+		Unrouted:  t.tally.unrouted.Load(),
 		Queued:    q.Len,
 		Capacity:  t.q.Cap(),
 		OldestAge: age(now, q.Head.msg.PublishedAt, q.Len),
@@ -345,8 +397,9 @@ func (t *topic) stats(now time.Time) TopicStats {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	ts.Subscribers = make(map[string]SubscriberStats, len(t.counters))
-	for name, c := range t.counters {
+	ts.ForgottenSubscribers = t.tally.forgotten
+	ts.Subscribers = make(map[string]SubscriberStats, len(t.tally.subs))
+	for name, c := range t.tally.subs {
 		ss := c.snapshot()
 		if s := t.active[name]; s != nil {
 			s.fill(&ss, now)

@@ -17,10 +17,15 @@ type Stats struct {
 	// PluginPanics is how many panics of plugged-in code (stores, observer
 	// hooks, backoffs) were recovered; each was logged at Error level.
 	PluginPanics uint64
+	// ForgottenTopics is how many retired topics' counters were dropped to
+	// keep at most MaxGoneTopics of them.
+	ForgottenTopics uint64
 }
 
 // TopicStats describes one topic: its queue, what was published to it, and
-// each subscriber (active or not) that ever subscribed to it.
+// its subscribers: the active ones and up to MaxGoneSubscribers that left.
+// A topic with no subscriber and nothing queued retires (it holds no
+// goroutine); its counters stay in Stats, up to MaxGoneTopics such topics.
 type TopicStats struct {
 	Published uint64 // messages accepted into the topic queue
 	Rejected  uint64 // publishes refused because the queue stayed full (ErrQueueFull, or ctx ended while waiting)
@@ -34,7 +39,10 @@ type TopicStats struct {
 	// waits for now ("" when it does not wait). Its SubscriberStats.BlockedFor
 	// says for how long in total.
 	BlockedOn   string
-	Subscribers map[string]SubscriberStats // by subscriber name
+	Subscribers map[string]SubscriberStats // by subscriber name (MaxGoneSubscribers unsubscribed ones at most)
+	// ForgottenSubscribers is how many unsubscribed names' counters were
+	// dropped to keep at most MaxGoneSubscribers of them.
+	ForgottenSubscribers uint64
 }
 
 // SubscriberStats describes one subscriber of a topic. Counters are kept per
@@ -193,13 +201,6 @@ type AttemptEvent struct {
 type DeadLetterEvent struct {
 	DeadLetter DeadLetter
 	StoreErr   error // the store's Put error; nil when stored
-}
-
-// topicCounters are a topic's publish-side counters (its queue counts the
-// publishes it accepted).
-type topicCounters struct {
-	rejected atomic.Uint64
-	unrouted atomic.Uint64
 }
 
 // subCounters are one (topic, subscriber name)'s counters; they outlive a

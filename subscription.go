@@ -86,11 +86,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	if _, dup := t.active[name]; dup {
 		return nil, fmt.Errorf("%w: %q on topic %q", ErrDuplicateSubscriber, name, topicName)
 	}
-	c := t.counters[name]
-	if c == nil {
-		c = new(subCounters)
-		t.counters[name] = c
-	}
+	c := t.tally.counter(name)
 	s := &Subscription{
 		b: b, t: t, name: name, c: c, workers: sc.concurrency,
 		done:     make(chan struct{}),
@@ -317,6 +313,10 @@ func (s *Subscription) Unsubscribe(ctx context.Context) error {
 	t.mu.Lock()
 	if t.active[s.name] == s {
 		delete(t.active, s.name)
+		t.tally.left(s.name)
+	}
+	if len(t.active) == 0 {
+		t.kickDispatcher() // it may retire the topic now
 	}
 	t.mu.Unlock()
 	if n := s.unsubDLs.Load(); n > 0 {

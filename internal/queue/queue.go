@@ -351,6 +351,30 @@ func (q *Queue[T]) Close() {
 	q.wake()
 }
 
+// CloseIfEmpty closes the queue if it holds nothing, taken items included,
+// and no producer waits for room; it reports whether it closed it (or it
+// was closed already).
+func (q *Queue[T]) CloseIfEmpty() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.settleLocked()
+	if q.closed {
+		return true
+	}
+	if q.n > 0 || q.room != nil {
+		return false
+	}
+	q.closed = true
+	return true
+}
+
+// Closed reports whether Close (or CloseIfEmpty) closed the queue.
+func (q *Queue[T]) Closed() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.closed
+}
+
 // Cap returns the queue's capacity.
 func (q *Queue[T]) Cap() int { return q.limit }
 

@@ -1,0 +1,172 @@
+package broker
+
+import (
+	"container/list"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// This file is the broker's topics as resources: a topic exists (with its
+// queue and dispatcher goroutine) while it has subscribers or messages, and
+// retires when it has neither (see topic.tryRetire); its counters are kept
+// for Stats, up to a bound, after it is gone.
+
+// Bounds on the counters Stats keep of what is gone.
+const (
+	// MaxGoneTopics is how many retired topics (no subscriber, nothing
+	// queued) Stats keep counters for; beyond it the one retired longest
+	// ago is forgotten (Stats.ForgottenTopics). Publishing to it again
+	// brings its counters back while they are kept.
+	MaxGoneTopics = 1024
+	// MaxGoneSubscribers is how many unsubscribed names a topic keeps
+	// counters for; beyond it the one idle longest is forgotten
+	// (TopicStats.ForgottenSubscribers). Subscribing the name again brings
+	// its counters back while they are kept.
+	MaxGoneSubscribers = 64
+)
+
+// tally is a topic's counters: they outlive its goroutine and queue.
+type tally struct {
+	published atomic.Uint64 // accepted by retired queues of the topic
+	rejected  atomic.Uint64
+	unrouted  atomic.Uint64
+
+	// Guarded by the topic's mu (by gone's when the topic is gone).
+	subs      map[string]*subCounters // by subscriber name
+	idle      []string                // unsubscribed names, longest idle first
+	forgotten uint64                  // names whose counters were dropped
+}
+
+func newTally() *tally { return &tally{subs: make(map[string]*subCounters)} }
+
+// counter returns name's counters, creating them; it is no longer idle.
+func (tl *tally) counter(name string) *subCounters {
+	for i, n := range tl.idle {
+		if n == name {
+			tl.idle = append(tl.idle[:i], tl.idle[i+1:]...)
+			break
+		}
+	}
+	c := tl.subs[name]
+	if c == nil {
+		c = new(subCounters)
+		tl.subs[name] = c
+	}
+	return c
+}
+
+// left notes that name unsubscribed, forgetting the longest idle names
+// beyond MaxGoneSubscribers.
+func (tl *tally) left(name string) {
+	tl.idle = append(tl.idle, name)
+	for len(tl.idle) > MaxGoneSubscribers {
+		delete(tl.subs, tl.idle[0])
+		tl.idle = tl.idle[1:]
+		tl.forgotten++
+	}
+}
+
+// goneTopics keeps the tallies of retired topics, oldest first, bounded.
+type goneTopics struct {
+	mu        sync.Mutex
+	order     *list.List               // of goneTopic, oldest first
+	byName    map[string]*list.Element // name → element of order
+	forgotten atomic.Uint64
+}
+
+type goneTopic struct {
+	name  string
+	tally *tally
+	at    time.Time
+}
+
+func newGoneTopics() *goneTopics {
+	return &goneTopics{order: list.New(), byName: make(map[string]*list.Element)}
+}
+
+// add keeps a retired topic's tally, forgetting the oldest beyond
+// MaxGoneTopics.
+func (g *goneTopics) add(name string, tl *tally) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.byName[name] = g.order.PushBack(goneTopic{name: name, tally: tl, at: time.Now()})
+	for g.order.Len() > MaxGoneTopics {
+		old := g.order.Remove(g.order.Front()).(goneTopic)
+		delete(g.byName, old.name)
+		g.forgotten.Add(1)
+	}
+}
+
+// take returns (and no longer keeps) the tally of a gone topic, or a new
+// one.
+func (g *goneTopics) take(name string) *tally {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if e, ok := g.byName[name]; ok {
+		g.order.Remove(e)
+		delete(g.byName, name)
+		return e.Value.(goneTopic).tally
+	}
+	return newTally()
+}
+
+// stats adds the gone topics to st.
+func (g *goneTopics) stats(st *Stats) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for e := g.order.Front(); e != nil; e = e.Next() {
+		gt := e.Value.(goneTopic)
+		ts := TopicStats{
+			Published:            gt.tally.published.Load(),
+			Rejected:             gt.tally.rejected.Load(),
+			Unrouted:             gt.tally.unrouted.Load(),
+			ForgottenSubscribers: gt.tally.forgotten,
+			Subscribers:          make(map[string]SubscriberStats, len(gt.tally.subs)),
+		}
+		for name, c := range gt.tally.subs {
+			ts.Subscribers[name] = c.snapshot()
+		}
+		st.Topics[gt.name] = ts
+	}
+	st.ForgottenTopics = g.forgotten.Load()
+}
+
+// topic returns the named topic, creating it (and its dispatcher) on first
+// use. It fails with ErrClosed after Close.
+func (b *Broker) topic(name string) (*topic, error) {
+	if b.closed.Load() {
+		return nil, ErrClosed
+	}
+	if t, ok := b.topics.Load(name); ok {
+		return t.(*topic), nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return nil, ErrClosed
+	}
+	return b.topicLocked(name), nil
+}
+
+// topicLocked is topic with b.mu held and the broker open.
+func (b *Broker) topicLocked(name string) *topic {
+	if t, ok := b.topics.Load(name); ok {
+		return t.(*topic)
+	}
+	t := newTopic(b, name, b.gone.take(name))
+	b.topics.Store(name, t)
+	b.wg.Add(1)
+	go t.dispatch()
+	return t
+}
+
+// liveTopics returns the topics that exist now.
+func (b *Broker) liveTopics() []*topic {
+	var ts []*topic
+	b.topics.Range(func(_, v any) bool {
+		ts = append(ts, v.(*topic))
+		return true
+	})
+	return ts
+}
