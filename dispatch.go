@@ -297,17 +297,6 @@ func minOf(xs []int, n int) int {
 	return m
 }
 
-// deactivate forgets the topic's subscriptions once Close has stopped them:
-// Stats show their counters, not active.
-func (t *topic) deactivate() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for name := range t.active {
-		t.tally.left(name)
-	}
-	clear(t.active)
-}
-
 // activeSubs returns the subscriptions that hold a name on the topic
 // (leaving ones included).
 func (t *topic) activeSubs() []*Subscription {

@@ -140,26 +140,6 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	return s, nil
 }
 
-// stopNow dead-letters every message waiting in the lane, after its
-// context was cancelled with the reason: the workers return after their
-// current attempt.
-func (s *Subscription) stopNow() {
-	items := s.lane.stop(func(n int) { s.c.inFlight.Add(int64(n)) })
-	for i := range items {
-		s.pipe.cutOff(s.ctx, &items[i])
-		s.c.inFlight.Add(-1)
-	}
-}
-
-// countAbandoned counts a handler a stop abandoned, for its DrainError.
-func (s *Subscription) countAbandoned() {
-	if abortReason(s.ctx) == ReasonUnsubscribed {
-		s.abandoned.Add(1)
-	} else {
-		s.b.abandoned.Add(1)
-	}
-}
-
 // breakerChanged reports a transition of the subscriber's circuit breaker.
 func (s *Subscription) breakerChanged(from, to BreakerState) {
 	ev := BreakerEvent{Topic: s.t.name, Subscriber: s.name, From: from, To: to, At: time.Now()}
@@ -229,15 +209,6 @@ func (s *Subscription) tryRouteN(envs []envelope) int {
 
 func (s *Subscription) closeLanes() { s.lane.close() }
 
-func (s *Subscription) countDeadLetter(reason string) {
-	switch reason {
-	case ReasonUnsubscribed:
-		s.unsubDLs.Add(1)
-	case ReasonShutdown:
-		s.b.shutdownDLs.Add(1)
-	}
-}
-
 // fill adds the subscription's lane to st.
 func (s *Subscription) fill(st *SubscriberStats, now time.Time) {
 	ls := s.lane.stats()
@@ -252,78 +223,6 @@ func (s *Subscription) fill(st *SubscriberStats, now time.Time) {
 	if s.pipe.budget != nil {
 		st.RetryBudgetLeft = s.pipe.budget.left(now)
 	}
-}
-
-// Unsubscribe stops routing messages to the subscriber once the messages
-// accepted by Publish before the call are routed to it (they are owed to
-// it, even those the dispatcher had not reached), and finishes them (with
-// their retries) until ctx ends; then it
-// cancels the running handlers' contexts, waits for them to return, and
-// dead-letters every unfinished message with reason "unsubscribed",
-// returning a *DrainError that says how many. Handlers see their context's
-// cause match ErrUnsubscribed. As Close does, it waits at most ShutdownGrace
-// for them, then abandons a handler that ignores its context (its message
-// is dead-lettered and counted in DrainError.Abandoned). When it returns,
-// no handler of this subscription runs, an abandoned one aside, and its
-// name is free on the topic. Unsubscribe must not be called from one of
-// this subscription's handlers without a deadline: it would wait for that
-// handler to return (start it in a goroutine instead).
-//
-// Calling Unsubscribe again, or after Close, is safe: it waits for the first
-// call to finish (or ctx to end) and returns the first call's result.
-func (s *Subscription) Unsubscribe(ctx context.Context) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	first := false
-	s.unsubOnce.Do(func() { first = true })
-	if !first {
-		select {
-		case <-s.unsubbed:
-			return s.unsubErr
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	t := s.t
-	t.leave(s) // owed: every message accepted before this call
-	select {
-	case <-s.done:
-	case <-ctx.Done():
-		s.cancel(errUnsubscribed)
-		s.stopNow()
-		// Owed messages the dispatcher reaches now are dead-lettered as it
-		// routes them; wait for that (and the handlers) at most the grace.
-		grace := time.NewTimer(ShutdownGrace)
-		for left, done := s.left, s.done; left != nil || done != nil; {
-			select {
-			case <-left:
-				left = nil
-			case <-done:
-				done = nil
-			case <-grace.C:
-				s.abandon()
-				<-s.done
-				left, done = nil, nil
-			}
-		}
-		grace.Stop()
-	}
-	s.cancel(errReleased) // no-op after an abort; else marks a graceful end
-	t.mu.Lock()
-	if t.active[s.name] == s {
-		delete(t.active, s.name)
-		t.tally.left(s.name)
-	}
-	if len(t.active) == 0 {
-		t.kickDispatcher() // it may retire the topic now
-	}
-	t.mu.Unlock()
-	if n := s.unsubDLs.Load(); n > 0 {
-		s.unsubErr = &DrainError{Reason: ReasonUnsubscribed, DeadLettered: int(n), Abandoned: int(s.abandoned.Load()), Err: ctx.Err()}
-	}
-	close(s.unsubbed)
-	return s.unsubErr
 }
 
 // idGuard keeps two workers of one subscriber from running the same message

@@ -1,8 +1,6 @@
 package broker
 
 import (
-	"context"
-	"log/slog"
 	"sync/atomic"
 )
 
@@ -11,7 +9,7 @@ import (
 // goroutine (a panic is recovered in the pipeline; runtime.Goexit ends the
 // goroutine, and a new worker takes over), and a worker whose handler
 // ignores a cancelled context is abandoned at Close's or Unsubscribe's
-// deadline (see abandon).
+// deadline (see abandon, in lifecycle.go).
 
 // prefetchAhead is how many messages ahead of the one it runs a worker asks
 // for the dedup store's memory.
@@ -140,56 +138,4 @@ func (s *Subscription) workerDone(w *worker) {
 		close(s.done)
 	}
 	s.b.wg.Done()
-}
-
-// abandon gives up on the workers whose handlers still run after a stop's
-// grace: each such message is dead-lettered with the stop's reason (and
-// counted apart, as abandoned), with the messages its worker had taken and
-// not started, and the worker stops counting as live. It returns how many
-// handlers it abandoned.
-func (s *Subscription) abandon() int {
-	s.wmu.Lock()
-	var stuck []*worker
-	for w := range s.ws {
-		if w.state.CompareAndSwap(workerAttempting, workerAbandoned) {
-			stuck = append(stuck, w)
-			delete(s.ws, w)
-		}
-	}
-	s.wmu.Unlock()
-	for _, w := range stuck {
-		// The worker is inside the handler and touches nothing else of its
-		// own until it returns (then it sees it was abandoned).
-		it := &w.buf[w.i]
-		s.c.failed.Add(1) // the attempt ran; its end is never recorded
-		s.c.inFlight.Add(1)
-		s.lane.dropped()
-		s.pipe.rec.deadLetter(&it.env.msg, 0, abortReason(s.ctx), abandonedFault(s.ctx), false)
-		s.c.inFlight.Add(-1)
-		s.countAbandoned()
-		for k := w.i + 1; k < w.n; k++ { // taken, never started
-			s.c.inFlight.Add(1)
-			s.lane.local.Add(-1)
-			s.pipe.cutOff(s.ctx, &w.buf[k])
-			s.c.inFlight.Add(-1)
-		}
-		if s.live.Add(-1) == 0 {
-			close(s.done)
-		}
-		s.b.wg.Done()
-	}
-	return len(stuck)
-}
-
-// ignored logs what an abandoned handler returned.
-func (p *pipeline) ignored(it *laneItem, err error) {
-	text := "<nil>"
-	if err != nil {
-		_, f := vetError(err, false)
-		text = f.text
-	}
-	p.rec.log.LogAttrs(context.Background(), slog.LevelWarn, "broker: abandoned handler returned; its result is ignored",
-		slog.String("topic", p.rec.topic), slog.String("message_id", it.env.msg.ID),
-		slog.String("subscriber", p.rec.subscriber), slog.Int("attempt", it.env.msg.Attempt),
-		slog.String("error", text))
 }

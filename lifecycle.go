@@ -1,0 +1,256 @@
+package broker
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// This file is the lifecycle's end: Close and Unsubscribe, how they drain,
+// when they cut off (the dead letters they write and count), and how they
+// abandon a handler that ignores its cancelled context.
+
+// ShutdownGrace is how long Close and Unsubscribe wait, once their context
+// ended and they cancelled the handlers' contexts, for the handlers to
+// return. A handler still running then is abandoned: its message is
+// dead-lettered (counted in DrainError.Abandoned), and what it returns
+// later is logged and ignored.
+const ShutdownGrace = 250 * time.Millisecond
+
+// Close shuts the broker down without losing a message. It refuses new
+// publishes (ErrClosed), then delivers everything queued, retries included,
+// until ctx ends. If ctx ends first, it cancels the running handlers'
+// contexts (their context.Cause matches ErrClosed), waits at most
+// ShutdownGrace for them to return, and puts every unfinished message into
+// the dead-letter store with reason "shutdown"; it then returns a
+// *DrainError saying how many (it unwraps to ctx's error). Like
+// http.Server.Shutdown, it honours its context: a handler that ignores its
+// own is abandoned after the grace, and is the only goroutine of the broker
+// that may outlive Close. Otherwise every goroutine of the broker has ended
+// when Close returns, and no attempt starts after it.
+//
+// Close must not be called from a handler of this broker without a
+// deadline: it would wait for that handler to return. Calling Close again
+// is safe: it waits for the first call to finish (or ctx to end) and
+// returns the first call's result.
+func (b *Broker) Close(ctx context.Context) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	b.mu.Lock()
+	first := !b.closed.Swap(true)
+	topics := b.liveTopics() // no topic is created or retired once closed
+	b.mu.Unlock()
+	if !first {
+		select {
+		case <-b.closeDone:
+			return b.closeErr
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	for _, t := range topics {
+		t.q.Close()
+	}
+	drained := make(chan struct{})
+	go func() { // ends when every dispatcher, worker and Redrive has
+		b.wg.Wait()
+		b.redrive <- struct{}{} // taken for good: later Redrives see closeDone
+		close(drained)
+	}()
+	select {
+	case <-drained:
+	case <-ctx.Done():
+		b.abort(errShutdown)
+		for _, t := range topics {
+			for _, s := range t.activeSubs() {
+				s.stopNow()
+			}
+		}
+		grace := time.NewTimer(ShutdownGrace)
+		select {
+		case <-drained:
+		case <-grace.C:
+			for _, t := range topics {
+				for _, s := range t.activeSubs() {
+					s.abandon()
+				}
+			}
+			<-drained // the workers left return at once: their contexts are cancelled
+		}
+		grace.Stop()
+	}
+	b.abort(errShutdown) // release the context's resources
+	for _, t := range topics {
+		t.deactivate()
+	}
+	if n := b.shutdownDLs.Load(); n > 0 {
+		b.closeErr = &DrainError{Reason: ReasonShutdown, DeadLettered: int(n), Abandoned: int(b.abandoned.Load()), Err: ctx.Err()}
+	}
+	close(b.closeDone)
+	return b.closeErr
+}
+
+// Unsubscribe stops routing messages to the subscriber once the messages
+// accepted by Publish before the call are routed to it (they are owed to
+// it, even those the dispatcher had not reached), and finishes them (with
+// their retries) until ctx ends; then it
+// cancels the running handlers' contexts, waits for them to return, and
+// dead-letters every unfinished message with reason "unsubscribed",
+// returning a *DrainError that says how many. Handlers see their context's
+// cause match ErrUnsubscribed. As Close does, it waits at most ShutdownGrace
+// for them, then abandons a handler that ignores its context (its message
+// is dead-lettered and counted in DrainError.Abandoned). When it returns,
+// no handler of this subscription runs, an abandoned one aside, and its
+// name is free on the topic. Unsubscribe must not be called from one of
+// this subscription's handlers without a deadline: it would wait for that
+// handler to return (start it in a goroutine instead).
+//
+// Calling Unsubscribe again, or after Close, is safe: it waits for the first
+// call to finish (or ctx to end) and returns the first call's result.
+func (s *Subscription) Unsubscribe(ctx context.Context) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	first := false
+	s.unsubOnce.Do(func() { first = true })
+	if !first {
+		select {
+		case <-s.unsubbed:
+			return s.unsubErr
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	t := s.t
+	t.leave(s) // owed: every message accepted before this call
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		s.cancel(errUnsubscribed)
+		s.stopNow()
+		// Owed messages the dispatcher reaches now are dead-lettered as it
+		// routes them; wait for that (and the handlers) at most the grace.
+		grace := time.NewTimer(ShutdownGrace)
+		for left, done := s.left, s.done; left != nil || done != nil; {
+			select {
+			case <-left:
+				left = nil
+			case <-done:
+				done = nil
+			case <-grace.C:
+				s.abandon()
+				<-s.done
+				left, done = nil, nil
+			}
+		}
+		grace.Stop()
+	}
+	s.cancel(errReleased) // no-op after an abort; else marks a graceful end
+	t.mu.Lock()
+	if t.active[s.name] == s {
+		delete(t.active, s.name)
+		t.tally.left(s.name)
+	}
+	if len(t.active) == 0 {
+		t.kickDispatcher() // it may retire the topic now
+	}
+	t.mu.Unlock()
+	if n := s.unsubDLs.Load(); n > 0 {
+		s.unsubErr = &DrainError{Reason: ReasonUnsubscribed, DeadLettered: int(n), Abandoned: int(s.abandoned.Load()), Err: ctx.Err()}
+	}
+	close(s.unsubbed)
+	return s.unsubErr
+}
+
+// stopNow dead-letters every message waiting in the lane, after its
+// context was cancelled with the reason: the workers return after their
+// current attempt.
+func (s *Subscription) stopNow() {
+	items := s.lane.stop(func(n int) { s.c.inFlight.Add(int64(n)) })
+	for i := range items {
+		s.pipe.cutOff(s.ctx, &items[i])
+		s.c.inFlight.Add(-1)
+	}
+}
+
+// countAbandoned counts a handler a stop abandoned, for its DrainError.
+func (s *Subscription) countAbandoned() {
+	if abortReason(s.ctx) == ReasonUnsubscribed {
+		s.abandoned.Add(1)
+	} else {
+		s.b.abandoned.Add(1)
+	}
+}
+
+func (s *Subscription) countDeadLetter(reason string) {
+	switch reason {
+	case ReasonUnsubscribed:
+		s.unsubDLs.Add(1)
+	case ReasonShutdown:
+		s.b.shutdownDLs.Add(1)
+	}
+}
+
+// abandon gives up on the workers whose handlers still run after a stop's
+// grace: each such message is dead-lettered with the stop's reason (and
+// counted apart, as abandoned), with the messages its worker had taken and
+// not started, and the worker stops counting as live. It returns how many
+// handlers it abandoned.
+func (s *Subscription) abandon() int {
+	s.wmu.Lock()
+	var stuck []*worker
+	for w := range s.ws {
+		if w.state.CompareAndSwap(workerAttempting, workerAbandoned) {
+			stuck = append(stuck, w)
+			delete(s.ws, w)
+		}
+	}
+	s.wmu.Unlock()
+	for _, w := range stuck {
+		// The worker is inside the handler and touches nothing else of its
+		// own until it returns (then it sees it was abandoned).
+		it := &w.buf[w.i]
+		s.c.failed.Add(1) // the attempt ran; its end is never recorded
+		s.c.inFlight.Add(1)
+		s.lane.dropped()
+		s.pipe.rec.deadLetter(&it.env.msg, 0, abortReason(s.ctx), abandonedFault(s.ctx), false)
+		s.c.inFlight.Add(-1)
+		s.countAbandoned()
+		for k := w.i + 1; k < w.n; k++ { // taken, never started
+			s.c.inFlight.Add(1)
+			s.lane.local.Add(-1)
+			s.pipe.cutOff(s.ctx, &w.buf[k])
+			s.c.inFlight.Add(-1)
+		}
+		if s.live.Add(-1) == 0 {
+			close(s.done)
+		}
+		s.b.wg.Done()
+	}
+	return len(stuck)
+}
+
+// ignored logs what an abandoned handler returned.
+func (p *pipeline) ignored(it *laneItem, err error) {
+	text := "<nil>"
+	if err != nil {
+		_, f := vetError(err, false)
+		text = f.text
+	}
+	p.rec.log.LogAttrs(context.Background(), slog.LevelWarn, "broker: abandoned handler returned; its result is ignored",
+		slog.String("topic", p.rec.topic), slog.String("message_id", it.env.msg.ID),
+		slog.String("subscriber", p.rec.subscriber), slog.Int("attempt", it.env.msg.Attempt),
+		slog.String("error", text))
+}
+
+// deactivate forgets the topic's subscriptions once Close has stopped them:
+// Stats show their counters, not active.
+func (t *topic) deactivate() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for name := range t.active {
+		t.tally.left(name)
+	}
+	clear(t.active)
+}

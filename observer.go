@@ -1,0 +1,86 @@
+package broker
+
+import "time"
+
+// This file is the Observer: the events the broker reports, for metrics
+// and tracing adapters that live outside this module.
+
+// Outcome is what follows an attempt (AttemptEvent.Outcome), or how a
+// message ended at a subscriber (the final_state log field).
+type Outcome string
+
+// Outcomes.
+const (
+	OutcomeDelivered    Outcome = "delivered"     // the handler returned nil
+	OutcomeRetry        Outcome = "retry"         // the attempt failed and will be retried
+	OutcomeDeadLettered Outcome = "dead_lettered" // the message went to the dead-letter store
+	OutcomeDeduplicated Outcome = "deduplicated"  // the ID was already delivered; the handler did not run
+)
+
+// Observer receives the broker's events, for metrics or tracing adapters
+// that live outside this package. Hooks are called synchronously on the
+// publish and delivery paths: they must be safe for concurrent use, must not
+// block and must not panic. Embed NopObserver to implement only some hooks.
+type Observer interface {
+	// Published is called when Publish accepted a message.
+	Published(PublishEvent)
+	// Rejected is called when Publish refused a message because the queue
+	// stayed full or ctx ended while waiting.
+	Rejected(RejectEvent)
+	// Unrouted is called when a message was dispatched to a topic with no
+	// subscriber.
+	Unrouted(UnroutedEvent)
+	// Attempted is called after each handler attempt, and once for a
+	// deduplicated message (Attempt 0).
+	Attempted(AttemptEvent)
+	// DeadLettered is called after a dead letter was put into the store.
+	DeadLettered(DeadLetterEvent)
+}
+
+// NopObserver ignores every event; it is the default Observer and can be
+// embedded to implement only some hooks.
+type NopObserver struct{}
+
+var _ Observer = NopObserver{}
+
+func (NopObserver) Published(PublishEvent)       {}
+func (NopObserver) Rejected(RejectEvent)         {}
+func (NopObserver) Unrouted(UnroutedEvent)       {}
+func (NopObserver) Attempted(AttemptEvent)       {}
+func (NopObserver) DeadLettered(DeadLetterEvent) {}
+
+// PublishEvent describes an accepted message.
+type PublishEvent struct {
+	Topic, MessageID string
+	PublishedAt      time.Time
+}
+
+// RejectEvent describes a refused publish.
+type RejectEvent struct {
+	Topic, MessageID string
+	Err              error // wraps ErrQueueFull, or is the context's error
+}
+
+// UnroutedEvent describes a message that reached no subscriber.
+type UnroutedEvent struct {
+	Topic, MessageID string
+}
+
+// AttemptEvent describes one handler attempt.
+type AttemptEvent struct {
+	Topic, Subscriber, MessageID string
+	Attempt                      int           // 1 for the first; 0 for a deduplicated message
+	Duration                     time.Duration // handler run time
+	ErrorCode                    string        // empty on success
+	Retryable                    bool          // the policy allows retries for ErrorCode
+	Outcome                      Outcome       // what follows
+	Delay                        time.Duration // wait before the retry (Outcome == OutcomeRetry)
+	PublishedAt                  time.Time     // for end-to-end latency
+	Err                          error         // the handler's error, nil on success
+}
+
+// DeadLetterEvent describes a dead letter after the store was asked to keep it.
+type DeadLetterEvent struct {
+	DeadLetter DeadLetter
+	StoreErr   error // the store's Put error; nil when stored
+}

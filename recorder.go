@@ -1,0 +1,171 @@
+package broker
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// This file is the last stage of delivery, the failure exit included: it
+// moves the counters, calls the Observer, logs with the contract's fields,
+// and puts dead letters into the store (retrying a store that refuses).
+
+// recorder is the last stage of the delivery pipeline for one subscriber:
+// it moves the counters, calls the Observer, logs, and puts dead letters into
+// the store. It knows nothing of queues or goroutines.
+type recorder struct {
+	topic, subscriber string
+	c                 *subCounters
+	obs               Observer // nil: none
+	log               *slog.Logger
+	dlq               DeadLetterStore
+	newID             func() string // dead-letter IDs
+	onDeadLetter      func(reason string)
+	stop              <-chan struct{} // closed when the subscription must stop at once: a failing Put is given up
+}
+
+// Retries of a dead letter the store refused.
+const (
+	putRetryBase = 10 * time.Millisecond
+	putRetryMax  = 5 * time.Second
+)
+
+// put stores dl, retrying with backoff while the store refuses it, until
+// the subscription must stop at once (Close's or Unsubscribe's deadline):
+// then the last error is returned. The worker (so the message's key) is
+// held meanwhile: a dead letter is never dropped while the broker runs.
+func (r *recorder) put(dl *DeadLetter) error {
+	err := r.dlq.Put(context.Background(), *dl)
+	for retry := 1; err != nil; retry++ {
+		delay := exponential(putRetryBase, putRetryMax, retry)
+		if r.log.Enabled(context.Background(), slog.LevelWarn) {
+			r.log.LogAttrs(context.Background(), slog.LevelWarn, "broker: dead-letter store refused a dead letter; retrying",
+				slog.String("dead_letter_id", dl.ID), slog.String("topic", r.topic),
+				slog.String("message_id", dl.Message.ID), slog.String("subscriber", r.subscriber),
+				slog.Int("retry", retry), slog.Duration("delay", delay), slog.String("store_error", err.Error()))
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-r.stop:
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		err = r.dlq.Put(context.Background(), *dl)
+	}
+	return nil
+}
+
+func (r *recorder) attempted(msg *Message, d time.Duration, code string, retryable bool, out Outcome, delay time.Duration, err error) {
+	if r.obs != nil {
+		r.obs.Attempted(AttemptEvent{
+			Topic: r.topic, Subscriber: r.subscriber, MessageID: msg.ID,
+			Attempt: msg.Attempt, Duration: d, ErrorCode: code, Retryable: retryable,
+			Outcome: out, Delay: delay, PublishedAt: msg.PublishedAt, Err: err,
+		})
+	}
+}
+
+// fault is why a message failed: its code, whether the policy retries it,
+// the error, and the error's text, read once (a handler's error may not be
+// safe to ask twice; see vetError).
+type fault struct {
+	code      string
+	retryable bool
+	err       error
+	text      string
+}
+
+// brokerFault is a fault of the broker's own making (shutdown, overflow).
+func brokerFault(code string, err error) fault {
+	return fault{code: code, err: err, text: err.Error()}
+}
+
+func (r *recorder) delivered(msg *Message, d time.Duration) {
+	r.c.delivered.Add(1)
+	r.attempted(msg, d, "", false, OutcomeDelivered, 0, nil)
+	if r.log.Enabled(context.Background(), slog.LevelDebug) {
+		r.logAttrs(slog.LevelDebug, "broker: delivered", msg, fault{}, OutcomeDelivered)
+	}
+}
+
+func (r *recorder) deduplicated(msg *Message) {
+	r.c.deduplicated.Add(1)
+	r.attempted(msg, 0, "", false, OutcomeDeduplicated, 0, nil)
+	if r.log.Enabled(context.Background(), slog.LevelDebug) {
+		r.logAttrs(slog.LevelDebug, "broker: duplicate skipped", msg, fault{}, OutcomeDeduplicated)
+	}
+}
+
+func (r *recorder) retrying(msg *Message, d, delay time.Duration, f fault) {
+	r.c.retries.Add(1)
+	r.attempted(msg, d, f.code, true, OutcomeRetry, delay, f.err)
+	if r.log.Enabled(context.Background(), slog.LevelDebug) {
+		r.logAttrs(slog.LevelDebug, "broker: attempt failed, retrying", msg, f, OutcomeRetry,
+			slog.Duration("delay", delay))
+	}
+}
+
+// deadLetter puts msg into the store, then counts it; the dead letter is in
+// the store before it is counted. attempted says that msg.Attempt just ran
+// and has no event yet.
+func (r *recorder) deadLetter(msg *Message, d time.Duration, reason string, f fault, attempted bool) {
+	code, retryable := f.code, f.retryable
+	dl := DeadLetter{
+		ID:         r.newID(),
+		Message:    *msg,
+		Subscriber: r.subscriber,
+		Attempts:   msg.Attempt,
+		ErrorCode:  code,
+		Error:      f.text,
+		Retryable:  retryable,
+		Reason:     reason,
+		FailedAt:   time.Now(),
+	}
+	storeErr := r.put(&dl)
+	if storeErr != nil {
+		r.c.dlErrors.Add(1)
+	}
+	r.c.deadLettered.Add(1)
+	r.onDeadLetter(reason)
+	if attempted {
+		r.attempted(msg, d, code, retryable, OutcomeDeadLettered, 0, f.err)
+	}
+	if r.obs != nil {
+		r.obs.DeadLettered(DeadLetterEvent{DeadLetter: dl, StoreErr: storeErr})
+	}
+	level := slog.LevelWarn
+	if storeErr != nil {
+		level = slog.LevelError
+	}
+	if r.log.Enabled(context.Background(), level) {
+		attrs := []slog.Attr{slog.String("dead_letter_id", dl.ID), slog.String("reason", reason)}
+		if storeErr != nil {
+			// Given up at a stop's deadline: the log line is all that is
+			// left of it, so it carries every field (the payload's size).
+			attrs = append(attrs, slog.String("store_error", storeErr.Error()),
+				slog.String("key", msg.Key), slog.Time("published_at", msg.PublishedAt),
+				slog.Time("failed_at", dl.FailedAt), slog.Any("headers", msg.Headers),
+				slog.Int("payload_bytes", len(msg.Payload)))
+		}
+		r.logAttrs(level, "broker: dead-lettered", msg, f, OutcomeDeadLettered, attrs...)
+	}
+}
+
+func (r *recorder) logAttrs(level slog.Level, text string, msg *Message, f fault, out Outcome, extra ...slog.Attr) {
+	attrs := make([]slog.Attr, 0, 9+len(extra))
+	attrs = append(attrs,
+		slog.String("topic", r.topic),
+		slog.String("message_id", msg.ID),
+		slog.String("subscriber", r.subscriber),
+		slog.Int("attempt", msg.Attempt),
+		slog.String("error_code", f.code),
+		slog.Bool("retryable", f.retryable),
+		slog.String("final_state", string(out)),
+	)
+	if f.text != "" {
+		attrs = append(attrs, slog.String("error", f.text))
+	}
+	attrs = append(attrs, extra...)
+	r.log.LogAttrs(context.Background(), level, text, attrs...)
+}
