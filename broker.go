@@ -281,6 +281,9 @@ func (b *Broker) Stats() Stats {
 		st.DeadLetterEvicted = e.Evicted()
 	}
 	st.PluginPanics = b.panics.Load()
+	if b.mem != nil {
+		st.Dedup = b.mem.Stats()
+	}
 	for _, t := range topics {
 		st.Topics[t.name] = t.stats(now)
 	}

@@ -89,6 +89,14 @@ type MemoryIdempotencyStore struct {
 	epoch        time.Time // monotonic base for dates
 	seedA, seedB maphash.Seed
 	buckets      []dedupBucket
+
+	// What the bound costs, for Stats: entries never leave the table, so
+	// filled is how many slots hold one; an entry replaced while still
+	// inside the window was forgotten early, and the age of the entry last
+	// replaced is the window the table keeps now.
+	filled      atomic.Int64
+	forgotten   atomic.Uint64
+	replacedAge atomic.Int64 // -1 until an entry is replaced
 }
 
 var _ IdempotencyStore = (*MemoryIdempotencyStore)(nil)
@@ -136,11 +144,13 @@ func NewMemoryIdempotencyStore(window time.Duration, maxEntries int) *MemoryIdem
 	if maxEntries <= 0 {
 		maxEntries = DefaultDedupEntries
 	}
-	return &MemoryIdempotencyStore{
+	s := &MemoryIdempotencyStore{
 		window: window, epoch: time.Now().Add(-1), // a date is at least 1
 		seedA: maphash.MakeSeed(), seedB: maphash.MakeSeed(),
 		buckets: make([]dedupBucket, max((maxEntries+dedupWays-1)/dedupWays, 2)),
 	}
+	s.replacedAge.Store(-1)
+	return s
 }
 
 // slot is where a key may live — two distinct buckets, and its tag — and
@@ -273,13 +283,48 @@ func (s *MemoryIdempotencyStore) record(sl slot) {
 	if own {
 		return
 	}
-	victim, seen := &b0[x0], tag0
+	victim, seen, dated := &b0[x0], tag0, old0
 	if old1 < old0 || old1 == 0 && old0 == 0 && x1 < x0 {
-		victim, seen = &b1[x1], tag1
+		victim, seen, dated = &b1[x1], tag1, old1
 	}
 	if victim.claim(seen) {
 		victim.set(sl.tag, sl.now)
+		if seen == 0 {
+			s.filled.Add(1)
+			return
+		}
+		s.replacedAge.Store(max(sl.now-dated, 0))
+		if s.within(sl.now, dated) {
+			s.forgotten.Add(1)
+		}
 	}
+}
+
+// DedupStats says what the default store's bound costs (Stats.Dedup).
+type DedupStats struct {
+	Capacity int           // most IDs remembered, all subscribers together
+	Entries  int           // IDs remembered now (in the window or not)
+	Window   time.Duration // the configured window
+	// ForgottenEarly counts IDs dropped to make room while still inside
+	// the window: a copy of one published later, within the window, runs
+	// again. Nonzero means the table is too small for the traffic.
+	ForgottenEarly uint64
+	// EffectiveWindow is how far apart in publish time an ID and its copy
+	// are still caught now: the age of the entry last replaced to make
+	// room, or Window if that is longer or nothing was replaced yet.
+	EffectiveWindow time.Duration
+}
+
+// Stats reports the store's use of its bound.
+func (s *MemoryIdempotencyStore) Stats() DedupStats {
+	st := DedupStats{
+		Capacity: s.Cap(), Entries: int(s.filled.Load()), Window: s.window,
+		ForgottenEarly: s.forgotten.Load(), EffectiveWindow: s.window,
+	}
+	if age := s.replacedAge.Load(); age >= 0 && time.Duration(age) < s.window {
+		st.EffectiveWindow = time.Duration(age)
+	}
+	return st
 }
 
 // scan looks for the key of sl in b. If it is there, it dates its entry

@@ -381,3 +381,40 @@ func TestMemoryIdempotencyStoreConcurrentInvariants(t *testing.T) {
 		})
 	}
 }
+
+// The default store is honest about its bound: under more traffic than it
+// holds in a window, Stats count the IDs forgotten early and say the window
+// it keeps now — and a copy published after that shorter window does run
+// again, as they say.
+func TestDedupStatsTellTheWindowKeptNow(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		store := NewMemoryIdempotencyStore(5*time.Minute, 1000)
+		b := newTestBroker(t, WithIdempotencyStore(store))
+		var got calls
+		_, err := b.Subscribe("t", "s", okHandler(&got))
+		require.NoError(t, err)
+		st := b.Stats().Dedup
+		assert.Equal(t, DedupStats{Capacity: 1000, Window: 5 * time.Minute, EffectiveWindow: 5 * time.Minute}, st)
+		// 100 distinct IDs a second for 60 s: 6,000 IDs in a table of 1,000.
+		for sec := range 60 {
+			for i := range 100 {
+				require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprint("id-", sec, "-", i), Topic: "t"}))
+			}
+			time.Sleep(time.Second)
+		}
+		settle(t, b)
+		st = b.Stats().Dedup
+		assert.Equal(t, 1000, st.Entries)
+		assert.Greater(t, st.ForgottenEarly, uint64(4000), "about 5,000 IDs replaced inside the window")
+		assert.Less(t, st.EffectiveWindow, 15*time.Second, "the table holds about 10 s of this traffic")
+		assert.Greater(t, st.EffectiveWindow, 5*time.Second)
+		// A copy of an ID from 50 s ago runs again: it was forgotten early.
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "id-10-0", Topic: "t"}))
+		// A copy of one from the last second is caught.
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "id-59-0", Topic: "t"}))
+		settle(t, b)
+		ss := subStats(t, b, "t", "s")
+		assert.Equal(t, uint64(6001), ss.Delivered)
+		assert.Equal(t, uint64(1), ss.Deduplicated)
+	})
+}

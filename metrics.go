@@ -18,6 +18,11 @@ type Stats struct {
 	// ForgottenTopics is how many retired topics' counters were dropped to
 	// keep at most MaxGoneTopics of them.
 	ForgottenTopics uint64
+	// Dedup says what the bound of the default idempotency store
+	// (MemoryIdempotencyStore) costs: how many IDs it holds, how many it
+	// forgot before their window ended, the window it keeps now. Zero with
+	// another store, or none.
+	Dedup DedupStats
 }
 
 // TopicStats describes one topic: its queue, what was published to it, and
