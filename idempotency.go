@@ -293,7 +293,13 @@ func (s *MemoryIdempotencyStore) record(sl slot) {
 			s.filled.Add(1)
 			return
 		}
-		s.replacedAge.Store(max(sl.now-dated, 0))
+		// The window kept now: a moving average of the ages replaced (a
+		// lost update between two writers only delays it).
+		age := max(sl.now-dated, 0)
+		if avg := s.replacedAge.Load(); avg >= 0 {
+			age = avg + (age-avg)/64
+		}
+		s.replacedAge.Store(age)
 		if s.within(sl.now, dated) {
 			s.forgotten.Add(1)
 		}
@@ -310,8 +316,9 @@ type DedupStats struct {
 	// again. Nonzero means the table is too small for the traffic.
 	ForgottenEarly uint64
 	// EffectiveWindow is how far apart in publish time an ID and its copy
-	// are still caught now: the age of the entry last replaced to make
-	// room, or Window if that is longer or nothing was replaced yet.
+	// are still caught now: the age at which entries are replaced to make
+	// room (a moving average over the last few dozen), or Window if that is
+	// longer or nothing was replaced yet.
 	EffectiveWindow time.Duration
 }
 

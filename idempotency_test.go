@@ -406,8 +406,8 @@ func TestDedupStatsTellTheWindowKeptNow(t *testing.T) {
 		st = b.Stats().Dedup
 		assert.Equal(t, 1000, st.Entries)
 		assert.Greater(t, st.ForgottenEarly, uint64(4000), "about 5,000 IDs replaced inside the window")
-		assert.Less(t, st.EffectiveWindow, 15*time.Second, "the table holds about 10 s of this traffic")
-		assert.Greater(t, st.EffectiveWindow, 5*time.Second)
+		assert.Less(t, st.EffectiveWindow, 20*time.Second, "the table holds about 10 s of this traffic, not 5 min")
+		assert.Greater(t, st.EffectiveWindow, 2*time.Second)
 		// A copy of an ID from 50 s ago runs again: it was forgotten early.
 		require.NoError(t, b.Publish(context.Background(), Message{ID: "id-10-0", Topic: "t"}))
 		// A copy of one from the last second is caught.
