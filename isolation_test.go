@@ -334,7 +334,7 @@ func TestFullLanePolicies(t *testing.T) {
 					assert.GreaterOrEqual(t, st.Subscribers["stuck"].BlockedFor, time.Second)
 					require.NoError(t, b.Publish(context.Background(), Message{ID: "later", Topic: "t"}))
 					idle()
-					assert.Equal(t, 10, other.len(), "the neighbour waits behind the dispatcher")
+					assert.NotContains(t, other.ids(), "later", "the neighbour waits behind the dispatcher")
 				} else {
 					assert.Empty(t, st.BlockedOn)
 					assert.Zero(t, st.Subscribers["stuck"].BlockedFor)
