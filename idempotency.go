@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/maphash"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -88,7 +89,11 @@ type MemoryIdempotencyStore struct {
 	window       time.Duration
 	epoch        time.Time // monotonic base for dates
 	seedA, seedB maphash.Seed
-	buckets      []dedupBucket
+	nBuckets     int
+	// tab is the table, allocated at the first Record (an idle broker
+	// holds none of its 1.6 MB); nil before.
+	tab     atomic.Pointer[[]dedupBucket]
+	tabOnce sync.Once
 
 	// What the bound costs, for Stats: entries never leave the table, so
 	// filled is how many slots hold one; an entry replaced while still
@@ -147,7 +152,7 @@ func NewMemoryIdempotencyStore(window time.Duration, maxEntries int) *MemoryIdem
 	s := &MemoryIdempotencyStore{
 		window: window, epoch: time.Now().Add(-1), // a date is at least 1
 		seedA: maphash.MakeSeed(), seedB: maphash.MakeSeed(),
-		buckets: make([]dedupBucket, max((maxEntries+dedupWays-1)/dedupWays, 2)),
+		nBuckets: max((maxEntries+dedupWays-1)/dedupWays, 2),
 	}
 	s.replacedAge.Store(-1)
 	return s
@@ -187,7 +192,7 @@ func (s *MemoryIdempotencyStore) hashID(id string) idHash {
 // multiplying 32-bit halves of the hash by the range (no division).
 func (s *MemoryIdempotencyStore) slotFor(salt dedupSalt, h idHash, now int64) slot {
 	a := h.a ^ salt.a
-	n := uint64(len(s.buckets))
+	n := uint64(s.nBuckets)
 	i := (a >> 32) * n >> 32
 	j := (a & 0xffffffff) * (n - 1) >> 32 // a second bucket, different from i
 	if j >= i {
@@ -201,8 +206,10 @@ func (s *MemoryIdempotencyStore) slotFor(salt dedupSalt, h idHash, now int64) sl
 // it delivers, so the lookup later finds them there.
 func (s *MemoryIdempotencyStore) prefetch(salt dedupSalt, h idHash) {
 	sl := s.slotFor(salt, h, 0)
-	prefetch.Line(unsafe.Pointer(&s.buckets[sl.i]))
-	prefetch.Line(unsafe.Pointer(&s.buckets[sl.j]))
+	if tab := s.tab.Load(); tab != nil {
+		prefetch.Line(unsafe.Pointer(&(*tab)[sl.i]))
+		prefetch.Line(unsafe.Pointer(&(*tab)[sl.j]))
+	}
 }
 
 // locate places k, dated by its PublishedAt, or by a clock read without
@@ -236,9 +243,13 @@ func (s *MemoryIdempotencyStore) Record(_ context.Context, k DeliveryKey) error 
 }
 
 func (s *MemoryIdempotencyStore) seen(sl slot) bool {
-	at, ok := s.buckets[sl.i].find(sl.tag)
+	tab := s.tab.Load()
+	if tab == nil {
+		return false // nothing recorded yet
+	}
+	at, ok := (*tab)[sl.i].find(sl.tag)
 	if !ok {
-		at, ok = s.buckets[sl.j].find(sl.tag)
+		at, ok = (*tab)[sl.j].find(sl.tag)
 	}
 	return ok && s.within(sl.now, at)
 }
@@ -274,7 +285,8 @@ func (s *MemoryIdempotencyStore) within(now, at int64) bool {
 // unremembered: a duplicate may then get through, which at-least-once
 // allows.
 func (s *MemoryIdempotencyStore) record(sl slot) {
-	b0, b1 := &s.buckets[sl.i], &s.buckets[sl.j]
+	tab := s.table()
+	b0, b1 := &tab[sl.i], &tab[sl.j]
 	old0, x0, tag0, own := b0.scan(sl)
 	if own {
 		return
@@ -362,9 +374,13 @@ func (b *dedupBucket) scan(sl slot) (oldest int64, at int, tag uint64, own bool)
 // not counted, though they still match copies published with them.
 func (s *MemoryIdempotencyStore) Len() int {
 	now, n := s.now(), 0
-	for i := range s.buckets {
-		for x := range s.buckets[i] {
-			e := &s.buckets[i][x]
+	tab := s.tab.Load()
+	if tab == nil {
+		return 0
+	}
+	for i := range *tab {
+		for x := range (*tab)[i] {
+			e := &(*tab)[i][x]
 			if t := e.tag.Load(); t != 0 && t != dedupBusy && s.within(now, e.at.Load()) {
 				n++
 			}
@@ -374,4 +390,16 @@ func (s *MemoryIdempotencyStore) Len() int {
 }
 
 // Cap returns the most IDs the store remembers.
-func (s *MemoryIdempotencyStore) Cap() int { return len(s.buckets) * dedupWays }
+func (s *MemoryIdempotencyStore) Cap() int { return s.nBuckets * dedupWays }
+
+// table returns the table, allocating it at the first call.
+func (s *MemoryIdempotencyStore) table() []dedupBucket {
+	if tab := s.tab.Load(); tab != nil {
+		return *tab
+	}
+	s.tabOnce.Do(func() {
+		tab := make([]dedupBucket, s.nBuckets)
+		s.tab.Store(&tab)
+	})
+	return *s.tab.Load()
+}

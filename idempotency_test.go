@@ -361,10 +361,11 @@ func TestMemoryIdempotencyStoreConcurrentInvariants(t *testing.T) {
 				}
 			})
 			assert.Zero(t, wrong.Load(), "keys found at dates outside the window of any date they were recorded at")
-			for i := range s.buckets {
+			buckets := s.table()
+			for i := range buckets {
 				empty := false
-				for x := range s.buckets[i] {
-					e := &s.buckets[i][x]
+				for x := range buckets[i] {
+					e := &buckets[i][x]
 					tag, at := e.tag.Load(), e.at.Load()
 					switch {
 					case tag == 0:
@@ -417,4 +418,20 @@ func TestDedupStatsTellTheWindowKeptNow(t *testing.T) {
 		assert.Equal(t, uint64(6001), ss.Delivered)
 		assert.Equal(t, uint64(1), ss.Deduplicated)
 	})
+}
+
+// An idle broker holds no dedup table: it is allocated at the first
+// delivery that records an ID.
+func TestDedupTableIsAllocatedOnFirstUse(t *testing.T) {
+	before := heapInUse()
+	store := NewMemoryIdempotencyStore(time.Minute, DefaultDedupEntries)
+	assert.Less(t, heapInUse()-before, int64(64<<10), "a new store holds no table")
+	seen, err := store.Seen(context.Background(), DeliveryKey{MessageID: "m"})
+	require.NoError(t, err)
+	assert.False(t, seen)
+	assert.Nil(t, store.tab.Load(), "a lookup allocates nothing")
+	require.NoError(t, store.Record(context.Background(), DeliveryKey{MessageID: "m"}))
+	seen, _ = store.Seen(context.Background(), DeliveryKey{MessageID: "m"})
+	assert.True(t, seen)
+	assert.Equal(t, DefaultDedupEntries/dedupWays, len(*store.tab.Load()))
 }
