@@ -29,6 +29,9 @@ type Broker struct {
 	mu     sync.Mutex  // serialises topic creation and retirement, Subscribe and the start of Close
 	topics sync.Map    // name → *topic, the live topics (created and retired under mu)
 	gone   *goneTopics // counters of retired topics, bounded
+	// statsMu makes a topic's retirement (from live to gone) one step for
+	// Stats, which hold it for reading.
+	statsMu sync.RWMutex
 	closed atomic.Bool // set under mu by Close
 
 	abortCtx context.Context         // parent of every subscription's context
@@ -274,9 +277,11 @@ func (b *Broker) newDeadLetterID() string {
 // time (as a push or a take does), and each topic's subscriber list lock.
 func (b *Broker) Stats() Stats {
 	now := time.Now()
+	b.statsMu.RLock()
+	defer b.statsMu.RUnlock()
 	topics := b.liveTopics()
 	st := Stats{Topics: make(map[string]TopicStats, len(topics))}
-	b.gone.stats(&st) // live topics below replace a gone one of their name
+	b.gone.stats(&st)
 	if e, ok := b.cfg.dlq.(interface{ Evicted() uint64 }); ok {
 		st.DeadLetterEvicted = e.Evicted()
 	}

@@ -337,9 +337,11 @@ func (t *topic) tryRetire() {
 	if !idle || !t.q.CloseIfEmpty() {
 		return
 	}
+	b.statsMu.Lock() // Stats see the topic live or gone, never neither nor both
 	b.topics.Delete(t.name)
 	t.tally.published.Add(t.q.Snapshot().Pushed)
 	b.gone.add(t.name, t.tally)
+	b.statsMu.Unlock()
 }
 
 // removeSubLocked takes s out of the routing snapshot (it stays in active

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -109,5 +110,43 @@ func waitGoroutines(t *testing.T, base int) {
 			t.Fatalf("%d goroutines, baseline %d", runtime.NumGoroutine(), base)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// While a topic retires and comes back, Stats see it live or gone, never
+// missing and never counted twice: its Published only grows, up to what
+// was accepted.
+func TestStatsSeeARetiringTopicOnce(t *testing.T) {
+	b := newTestBroker(t)
+	ctx := context.Background()
+	require.NoError(t, b.Publish(ctx, Message{ID: "m0", Topic: "t"}))
+	var accepted atomic.Uint64
+	accepted.Store(1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 1; i < 2000; i++ {
+			if b.Publish(ctx, Message{ID: fmt.Sprint("m", i), Topic: "t"}) != nil {
+				return
+			}
+			accepted.Add(1)
+			if i%10 == 0 {
+				time.Sleep(50 * time.Microsecond) // let it retire now and then
+			}
+		}
+	}()
+	last := uint64(0)
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		ts, ok := b.Stats().Topics["t"]
+		max := accepted.Load() // read after: a Publish returned is counted here or pending (one at most)
+		require.True(t, ok, "the topic is in Stats, live or gone")
+		require.GreaterOrEqual(t, ts.Published, last, "Published never goes back")
+		require.LessOrEqual(t, ts.Published, max+1, "Published never counts a message twice")
+		last = ts.Published
 	}
 }

@@ -154,8 +154,10 @@ func (b *Broker) topicLocked(name string) *topic {
 	if t, ok := b.topics.Load(name); ok {
 		return t.(*topic)
 	}
+	b.statsMu.Lock() // from gone to live in one step for Stats
 	t := newTopic(b, name, b.gone.take(name))
 	b.topics.Store(name, t)
+	b.statsMu.Unlock()
 	b.wg.Add(1)
 	go t.dispatch()
 	return t
