@@ -32,7 +32,7 @@ type Broker struct {
 	// statsMu makes a topic's retirement (from live to gone) one step for
 	// Stats, which hold it for reading.
 	statsMu sync.RWMutex
-	closed atomic.Bool // set under mu by Close
+	closed  atomic.Bool // set under mu by Close
 
 	abortCtx context.Context         // parent of every subscription's context
 	abort    context.CancelCauseFunc // cancels it with errShutdown
