@@ -81,11 +81,20 @@
 // # Shutdown
 //
 // [Broker.Close] refuses new publishes, drains every queue and lane (with
-// retries) until its context ends, then cancels handler contexts, waits for
-// handlers to return and dead-letters what is unfinished with reason
-// "shutdown", returning a [*DrainError] with the count.
+// retries) until its context ends, then cancels handler contexts (their
+// cause matches [ErrClosed]), waits at most [ShutdownGrace] for handlers to
+// return and dead-letters what is unfinished with reason "shutdown",
+// returning a [*DrainError] with the count. A handler that ignores its
+// context is abandoned after the grace: Close honours its context.
 // [Subscription.Unsubscribe] does the same for one subscriber with reason
-// "unsubscribed". A handler that ignores its context holds them up.
+// "unsubscribed" ([ErrUnsubscribed]); it owes the subscriber every message
+// accepted before the call.
+//
+// Resources follow what is live: a topic with no subscriber and nothing
+// queued holds no goroutine, and the counters of what is gone are kept up
+// to [MaxGoneTopics] and [MaxGoneSubscribers]. Everything plugged in (stores,
+// observers, backoffs) is guarded: a panic there is recovered, logged and
+// counted in [Stats].PluginPanics.
 //
 // # Observability
 //
