@@ -46,6 +46,8 @@ const (
 	DeadLetterOldest
 )
 
+// String returns the policy's name: block, dead_letter_newest or
+// dead_letter_oldest.
 func (p FullLanePolicy) String() string {
 	switch p {
 	case Block:
