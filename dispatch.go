@@ -338,7 +338,7 @@ func (t *topic) tryRetire() {
 		return
 	}
 	b.statsMu.Lock() // Stats see the topic live or gone, never neither nor both
-	b.topics.Delete(t.name)
+	b.topics.CompareAndDelete(t.name, t)
 	t.tally.published.Add(t.q.Snapshot().Pushed)
 	b.gone.add(t.name, t.tally)
 	b.statsMu.Unlock()

@@ -40,6 +40,9 @@ func TestTopicsAndNamesAreReclaimed(t *testing.T) {
 		require.NoError(t, b.Publish(ctx, Message{ID: "m", Topic: fmt.Sprint("other-", i)}))
 	}
 	waitGoroutines(t, base)
+	for deadline := time.Now().Add(10 * time.Second); len(b.liveTopics()) > 0; time.Sleep(time.Millisecond) {
+		require.True(t, time.Now().Before(deadline), "every topic retires")
+	}
 	st := b.Stats()
 	assert.LessOrEqual(t, len(st.Topics), MaxGoneTopics+1, "counters of gone topics are bounded")
 	assert.Equal(t, uint64(2*n+1000-MaxGoneTopics), st.ForgottenTopics+uint64(MaxGoneTopics-len(st.Topics)), "every topic beyond the bound is counted as forgotten")
@@ -80,14 +83,21 @@ func TestSubscriberCountersAreBounded(t *testing.T) {
 func TestRetiredTopicComesBack(t *testing.T) {
 	b := newTestBroker(t)
 	ctx := context.Background()
-	base := runtime.NumGoroutine()
+	retired := func() {
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Microsecond) {
+			if _, live := b.topics.Load("t"); !live {
+				return
+			}
+			require.True(t, time.Now().Before(deadline), "topic t retires")
+		}
+	}
 	for round := range 200 {
 		require.NoError(t, b.Publish(ctx, Message{ID: fmt.Sprint("m", round), Topic: "t"}))
 		if round%2 == 0 {
-			waitGoroutines(t, base) // retired
+			retired()
 		}
 	}
-	waitGoroutines(t, base)
+	retired()
 	ts := b.Stats().Topics["t"]
 	assert.Equal(t, uint64(200), ts.Published)
 	assert.Equal(t, uint64(200), ts.Unrouted)

@@ -352,14 +352,13 @@ func (q *Queue[T]) Close() {
 }
 
 // CloseIfEmpty closes the queue if it holds nothing, taken items included,
-// and no producer waits for room; it reports whether it closed it (or it
-// was closed already).
+// and no producer waits for room; it reports whether this call closed it.
 func (q *Queue[T]) CloseIfEmpty() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.settleLocked()
 	if q.closed {
-		return true
+		return false
 	}
 	if q.n > 0 || q.room != nil {
 		return false
