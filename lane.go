@@ -337,7 +337,7 @@ func (l *lane) evictOldestLocked() (laneItem, bool) {
 // (queue.ErrTimeout); any may be nil. beforeWait, if not nil, runs once before the first wait, and
 // blocked receives the time spent waiting.
 func (l *lane) pushWait(it laneItem, noShed bool, stop1, stop2 <-chan struct{}, deadline <-chan time.Time,
-	beforeWait func(), blocked func(time.Duration)) (victim laneItem, shed bool, err error) {
+	beforeWait func(start time.Time), blocked func(time.Duration)) (victim laneItem, shed bool, err error) {
 	var start time.Time
 	for {
 		l.mu.Lock()
@@ -364,10 +364,10 @@ func (l *lane) pushWait(it laneItem, noShed bool, stop1, stop2 <-chan struct{}, 
 		room := l.room
 		l.mu.Unlock()
 		if start.IsZero() {
-			if beforeWait != nil {
-				beforeWait()
-			}
 			start = time.Now()
+			if beforeWait != nil {
+				beforeWait(start)
+			}
 		}
 		select {
 		case <-room:

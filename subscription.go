@@ -173,11 +173,12 @@ func (s *Subscription) route(env *envelope, cancel <-chan struct{}, deadline <-c
 	dispatcher := beforeWait != nil
 	victim, shed, err := s.lane.push(it, !dispatcher)
 	if err == queue.ErrFull {
-		before, after := func() {}, func(time.Duration) {}
+		var before func(time.Time)
+		after := func(time.Duration) {}
 		if dispatcher {
-			before = func() {
+			before = func(start time.Time) {
 				beforeWait()
-				s.t.blockStart(s)
+				s.t.blockStart(s, start)
 			}
 			after = func(d time.Duration) { s.t.blockEnd(s, d) }
 		}
