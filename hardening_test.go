@@ -134,7 +134,8 @@ func TestStopAbandonsAHandlerThatIgnoresItsContext(t *testing.T) {
 			t.Run(fmt.Sprintf("close=%v/concurrency %d", viaClose, workers), func(t *testing.T) {
 				bubble(t, func(t *testing.T) {
 					var logs lockedBuffer
-					b := newTestBroker(t, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+					var events eventLog
+					b := newTestBroker(t, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), WithObserver(&events))
 					release := make(chan struct{})
 					var cause atomic.Value
 					var late atomic.Int32
@@ -185,6 +186,16 @@ func TestStopAbandonsAHandlerThatIgnoresItsContext(t *testing.T) {
 					assert.Equal(t, 1, byID["stuck"].Attempts)
 					assert.Contains(t, byID["stuck"].Error, "abandoned")
 					assert.Same(t, err, stop(context.Background()), "a second call returns the first's result")
+					events.mu.Lock()
+					var stuckEvents []string
+					for _, e := range events.events {
+						if strings.Contains(e, "t/s/stuck #1") {
+							stuckEvents = append(stuckEvents, e)
+						}
+					}
+					events.mu.Unlock()
+					require.Len(t, stuckEvents, 1, "the abandoned attempt has its event")
+					assert.Contains(t, stuckEvents[0], "outcome=dead_lettered")
 					requireConserved(t, b.Stats())
 					if viaClose {
 						ss := subStats(t, b, "t", "s")
