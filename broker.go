@@ -112,19 +112,26 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	if err := msg.validate(); err != nil {
 		return err
 	}
-	t, err := b.topic(msg.Topic)
-	if err != nil {
-		return err
-	}
 	msg.Attempt = 0
 	msg.PublishedAt = b.clock.Now()
 	env := envelope{msg: msg}
 	if b.mem != nil {
 		env.idh = b.mem.hashID(msg.ID) // once here rather than once per subscriber
 	}
-	err = t.q.TryPush(env)
-	if err == queue.ErrFull && b.cfg.publishTimeout > 0 {
-		err = pushWait(t.q, env, ctx, b.cfg.publishTimeout)
+	var t *topic
+	var err error
+	for {
+		if t, err = b.topic(msg.Topic); err != nil {
+			return err
+		}
+		err = t.q.TryPush(env)
+		if err == queue.ErrFull && b.cfg.publishTimeout > 0 {
+			err = pushWait(t.q, env, ctx, b.cfg.publishTimeout)
+		}
+		if err != queue.ErrClosed || b.closed.Load() {
+			break
+		}
+		// The topic retired meanwhile (its queue closed): a new one takes it.
 	}
 	switch err {
 	case nil:
@@ -133,9 +140,6 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 		}
 		return nil
 	case queue.ErrClosed:
-		if !b.closed.Load() {
-			return b.Publish(ctx, msg) // the topic retired meanwhile: a new one takes it
-		}
 		return ErrClosed
 	}
 	if err == queue.ErrStopped {
@@ -223,7 +227,7 @@ func (b *Broker) redriveOne(ctx context.Context, id string) error {
 	env.msg.Attempt = redriveMark // delivered from attempt 1, without the dedup check
 	timer := time.NewTimer(b.cfg.publishTimeout)
 	defer timer.Stop()
-	switch err := s.route(&env, ctx.Done(), timer.C, nil); err {
+	switch err := s.routeRedriven(&env, ctx.Done(), timer.C); err {
 	case nil:
 	case queue.ErrClosed:
 		if b.closed.Load() {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"reflect"
 	"sync/atomic"
 	"time"
 )
@@ -341,7 +340,7 @@ func (p *pipeline) safeCall(ctx context.Context, msg *Message) (err error) {
 // *T returned as an error) or an error whose Error, ErrorCode, Is, As or
 // Unwrap panics is treated like a panic: a *PanicError, code "panic".
 func vetError(err error, timedOut bool) (out error, f failure) {
-	if isNil(err) {
+	if isNilValue(err) { // a typed nil, whose methods may panic
 		pe := &PanicError{Value: fmt.Sprintf("handler returned a nil %T as its error", err)}
 		return pe, failure{code: CodePanic, text: pe.Error()}
 	}
@@ -354,16 +353,6 @@ func vetError(err error, timedOut bool) (out error, f failure) {
 	f = classify(err, timedOut)
 	f.text = err.Error()
 	return err, f
-}
-
-// isNil reports whether err holds a nil pointer (or map, slice, func,
-// channel): a typed nil, whose methods may panic.
-func isNil(err error) bool {
-	switch v := reflect.ValueOf(err); v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
-		return v.IsNil()
-	}
-	return false
 }
 
 // sleep waits d, or until ctx ends.

@@ -211,7 +211,7 @@ func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 					continue
 				}
 				more = true
-				if s.route(&envs[i], nil, nil, freePrefix) == nil {
+				if s.routeDispatched(&envs[i], freePrefix) == nil {
 					accepted[i] = true
 				}
 				hi := r.hi[si]

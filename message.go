@@ -58,11 +58,3 @@ func (m *Message) validate() error {
 	}
 	return nil
 }
-
-// orderingKey is what picks a subscriber's worker: Key, or ID without one.
-func (m *Message) orderingKey() string {
-	if m.Key != "" {
-		return m.Key
-	}
-	return m.ID
-}

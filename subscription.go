@@ -158,31 +158,37 @@ func (s *Subscription) breakerChanged(from, to BreakerState) {
 	}
 }
 
-// route hands env to the subscriber, waiting for room in its lane (under
-// Block) until cancel is closed or deadline fires (either may be nil). It
-// returns nil once the message is the subscriber's responsibility: in its
-// lane, dead-lettered because it did not fit (under a dead-letter policy),
-// or dead-lettered because the subscription is stopping at once. A queue
-// error means it was not routed.
-//
-// The dispatcher routes with beforeWait (run before it waits; its waits
-// are the subscriber's BlockedFor); Redrive routes with beforeWait nil, and
-// never sheds: a full lane makes it wait, then fail with ErrQueueFull.
-func (s *Subscription) route(env *envelope, cancel <-chan struct{}, deadline <-chan time.Time, beforeWait func()) error {
+// routeDispatched is the dispatcher's route: under Block it waits for room
+// as long as it takes (backpressure); before runs before it waits, and its
+// waits are the subscriber's BlockedFor.
+func (s *Subscription) routeDispatched(env *envelope, before func()) error {
+	return s.route(env, false, nil, nil,
+		func(start time.Time) {
+			before()
+			s.t.blockStart(s, start)
+		},
+		func(d time.Duration) { s.t.blockEnd(s, d) })
+}
+
+// routeRedriven is Redrive's route: it never sheds, whatever the policy; a
+// full lane makes it wait until cancel is closed or deadline fires.
+func (s *Subscription) routeRedriven(env *envelope, cancel <-chan struct{}, deadline <-chan time.Time) error {
+	return s.route(env, true, cancel, deadline, nil, func(time.Duration) {})
+}
+
+// route hands env to the subscriber, waiting for room in its lane when it
+// is full and the policy blocks (or noShed) until cancel is closed or
+// deadline fires (either may be nil); before and after bracket that wait.
+// It returns nil once the message is the subscriber's responsibility: in
+// its lane, dead-lettered because it did not fit (under a dead-letter
+// policy), or dead-lettered because the subscription is stopping at once.
+// A queue error means it was not routed.
+func (s *Subscription) route(env *envelope, noShed bool, cancel <-chan struct{}, deadline <-chan time.Time,
+	before func(time.Time), after func(time.Duration)) error {
 	it := newItem(env)
-	dispatcher := beforeWait != nil
-	victim, shed, err := s.lane.push(it, !dispatcher)
+	victim, shed, err := s.lane.push(it, noShed)
 	if err == queue.ErrFull {
-		var before func(time.Time)
-		after := func(time.Duration) {}
-		if dispatcher {
-			before = func(start time.Time) {
-				beforeWait()
-				s.t.blockStart(s, start)
-			}
-			after = func(d time.Duration) { s.t.blockEnd(s, d) }
-		}
-		victim, shed, err = s.lane.pushWait(it, !dispatcher, s.ctx.Done(), cancel, deadline, before, after)
+		victim, shed, err = s.lane.pushWait(it, noShed, s.ctx.Done(), cancel, deadline, before, after)
 	}
 	if shed {
 		s.pipe.overflow(&victim)
