@@ -16,9 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// With a rate limit, a worker takes a message while the breaker is closed,
-// then waits for a token; the breaker opens meanwhile, and the attempt runs
-// anyway while the breaker is open.
+// A worker that took a message while the breaker was closed and then waits
+// for a rate-limit token makes no attempt if the breaker opened meanwhile
+// (it used to).
 func TestLaneNoAttemptWhileBreakerOpensDuringRateLimitWait(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		var obs breakerLog
@@ -52,9 +52,9 @@ func TestLaneNoAttemptWhileBreakerOpensDuringRateLimitWait(t *testing.T) {
 	})
 }
 
-// A worker takes a batch (its "fair share") and runs it one by one: the
-// messages behind a slow one in its batch wait for it although the other
-// worker is idle and their keys are free.
+// With several workers, a slow handler holds no message of a free key: an
+// idle worker runs them (a worker used to take a batch and run it one by
+// one, so messages behind a slow one waited although the other was idle).
 func TestLaneSlowHandlerHoldsNoOtherKey(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		b := newTestBroker(t)
@@ -96,29 +96,11 @@ func TestLaneSlowHandlerHoldsNoOtherKey(t *testing.T) {
 	})
 }
 
-// DeadLetterOldest cannot evict messages sitting in a worker's batch
-// (local), which count as queued and against the capacity: it sheds a
-// newer message instead of the oldest waiting.
+// DeadLetterOldest sheds the oldest messages waiting (it used to miss the
+// ones a worker had taken in a batch, and shed newer ones).
 func TestLaneDeadLetterOldestShedsOldestWaiting(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		b := newTestBroker(t)
-		gate1, gate2 := make(chan struct{}), make(chan struct{})
-		_, err := b.Subscribe("t", "s", func(_ context.Context, m Message) error {
-			switch m.ID {
-			case "gate":
-				<-gate1
-			case "m-0":
-				<-gate2
-			}
-			return nil
-		}, LaneSize(4), WhenLaneFull(DeadLetterOldest))
-		require.NoError(t, err)
-		require.NoError(t, b.Publish(context.Background(), Message{ID: "gate", Topic: "t"}))
-		idle()
-		publishN(t, b, "t", "m", 4) // m-0..m-3 queued
-		idle()
-		close(gate1) // the worker takes m-0..m-3 as one batch
-		idle()
+		b, gate2 := blockedOnM0(t, 4, LaneSize(4), WhenLaneFull(DeadLetterOldest))
 		for _, id := range []string{"x4", "x5", "x6"} {
 			require.NoError(t, b.Publish(context.Background(), Message{ID: id, Topic: "t"}))
 			idle()
@@ -136,9 +118,9 @@ func TestLaneDeadLetterOldestShedsOldestWaiting(t *testing.T) {
 	})
 }
 
-// Redrive into a full lane under DeadLetterNewest: reported as accepted,
-// the old dead letter deleted, and the message dead-lettered again at once
-// (reason overflow, its original failure gone).
+// Redrive into a full lane under DeadLetterNewest waits, then fails with
+// ErrQueueFull and keeps the dead letter (it used to report it accepted
+// and shed it again at once, its original failure lost).
 func TestLaneRedriveIntoFullSheddingLaneFailsQueueFull(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		b := newTestBroker(t)
@@ -171,9 +153,9 @@ func TestLaneRedriveIntoFullSheddingLaneFailsQueueFull(t *testing.T) {
 	})
 }
 
-// A Redrive that waits for room in a full lane writes the topic's
-// "dispatcher blocked" marker: when it gives up it clears the marker while
-// the dispatcher still waits, and its own wait is added to BlockedFor.
+// BlockedOn and BlockedFor are the dispatcher's waits only (a Redrive
+// waiting for room used to clear the marker while the dispatcher still
+// waited, and add its own wait to BlockedFor).
 func TestLaneRedriveLeavesBlockedOnAlone(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		b := newTestBroker(t, WithPublishTimeout(time.Second))
@@ -205,27 +187,11 @@ func TestLaneRedriveLeavesBlockedOnAlone(t *testing.T) {
 	})
 }
 
-// Messages a worker took in a batch count as Queued but not in OldestAge.
+// Messages a worker took in a batch and has not started count in OldestAge
+// as they do in Queued (they used to be left out of OldestAge).
 func TestLaneOldestAgeCountsTakenMessages(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		b := newTestBroker(t)
-		gate1, gate2 := make(chan struct{}), make(chan struct{})
-		_, err := b.Subscribe("t", "s", func(_ context.Context, m Message) error {
-			switch m.ID {
-			case "gate":
-				<-gate1
-			case "m-0":
-				<-gate2
-			}
-			return nil
-		})
-		require.NoError(t, err)
-		require.NoError(t, b.Publish(context.Background(), Message{ID: "gate", Topic: "t"}))
-		idle()
-		publishN(t, b, "t", "m", 10)
-		idle()
-		close(gate1) // the worker takes m-0..m-9 as one batch; m-0 blocks
-		idle()
+		b, gate2 := blockedOnM0(t, 10)
 		time.Sleep(time.Minute)
 		idle()
 		ss := subStats(t, b, "t", "s")
@@ -235,6 +201,32 @@ func TestLaneOldestAgeCountsTakenMessages(t *testing.T) {
 		close(gate2)
 		settle(t, b)
 	})
+}
+
+// blockedOnM0 returns a broker whose subscriber "s" of topic "t" (with
+// opts) runs m-0 of n messages m-0..m-(n-1) and blocks in it until the
+// returned channel is closed; the others were queued while a first message
+// held the worker, so they were taken with m-0 when the lane allows it.
+func blockedOnM0(t *testing.T, n int, opts ...SubscribeOption) (*Broker, chan struct{}) {
+	b := newTestBroker(t)
+	gate1, gate2 := make(chan struct{}), make(chan struct{})
+	_, err := b.Subscribe("t", "s", func(_ context.Context, m Message) error {
+		switch m.ID {
+		case "gate":
+			<-gate1
+		case "m-0":
+			<-gate2
+		}
+		return nil
+	}, opts...)
+	require.NoError(t, err)
+	require.NoError(t, b.Publish(context.Background(), Message{ID: "gate", Topic: "t"}))
+	idle()
+	publishN(t, b, "t", "m", n)
+	idle()
+	close(gate1) // the worker goes on to m-0, which blocks
+	idle()
+	return b, gate2
 }
 
 // Direct lane stress: a producer's pushWait races a worker's start on a full
