@@ -26,8 +26,9 @@
 // nothing else ("published" means "queued", never "handled"). One
 // dispatcher goroutine per topic takes messages in FIFO order, up to 64
 // under one lock, and copies each into the lane of every subscriber. Each
-// subscriber's workers take messages from its lane (up to their share of 64
-// under one lock) and run the delivery pipeline: dedup check, attempt
+// subscriber's workers take messages from its lane (a lone worker up to 64
+// under one lock, several one at a time) and run the delivery pipeline:
+// dedup check, attempt
 // (handler with deadline and panic recovery), classify the error, park for
 // a retry or dead-letter, record stats, logs and observer events.
 //

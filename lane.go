@@ -96,19 +96,20 @@ type lane struct {
 	policy   FullLanePolicy
 	ordered  bool // keyless messages share one ordering key
 
-	queued  fifo.Ring[laneItem]
-	keys    map[string]*fifo.Ring[laneItem] // held ordering keys → the messages waiting behind (nil: none)
-	held    int                             // messages waiting behind a key
-	parked  map[*parked]struct{}
-	idle    int // workers waiting on work
-	workers int // the subscriber's workers
-	batch   int // most messages one take hands a worker (1 with a breaker or a rate limit)
+	queued fifo.Ring[laneItem]
+	keys   map[string]*fifo.Ring[laneItem] // held ordering keys → the messages waiting behind (nil: none)
+	held   int                             // messages waiting behind a key
+	parked map[*parked]struct{}
+	idle   int // workers waiting on work
+	batch  int // most messages one take hands a worker (64 for a lone worker, else 1)
 
-	// A worker takes up to batch queued messages under one lock (its fair
-	// share when several workers wait) and starts them one by one: until it
-	// starts one, a message is local, and counts as queued and against the
-	// capacity. local and running move without the lock; roomWanted tells
-	// a worker starting a message that a producer waits for room.
+	// A lone worker takes up to batch queued messages under one lock and
+	// starts them one by one: until it starts one, a message is local, and
+	// counts as queued and against the capacity. local and running move
+	// without the lock; roomWanted tells a worker starting a message that a
+	// producer waits for room. (The lane's first version took one message
+	// per lock: W1 +38% against the old per-worker lanes, bench/ab.sh, six
+	// rounds; batching brought it back, and these atomics are its price.)
 	local      atomic.Int64
 	running    atomic.Int64
 	roomWanted atomic.Bool
@@ -134,7 +135,7 @@ const laneBatch = 64
 func newLane(capacity, workers int, policy FullLanePolicy, ordered bool, br *breaker, limited bool) *lane {
 	l := &lane{
 		capacity: capacity, policy: policy, ordered: ordered, br: br,
-		workers: workers, batch: laneBatch,
+		batch:  laneBatch,
 		keys:   make(map[string]*fifo.Ring[laneItem]),
 		parked: make(map[*parked]struct{}),
 	}
@@ -394,7 +395,7 @@ func (l *lane) roomLocked() {
 }
 
 // take waits for messages a worker may run and appends them to buf: up to
-// batch of them, its fair share of what is queued. probe reports that the
+// batch of them. probe reports that the
 // one message taken is the half-open breaker's probe. ok is false when the
 // worker should return: the lane is stopped, or closed with nothing left.
 // The worker calls start before it runs each.
@@ -406,7 +407,7 @@ func (l *lane) take(buf []laneItem) (_ []laneItem, probe, ok bool) {
 			return buf, false, false
 		}
 		if n := l.queued.Len(); n > 0 && (l.br == nil || l.br.allows()) {
-			k := min(l.batch, max(n/l.workers, 1))
+			k := min(l.batch, n)
 			first := len(buf)
 			buf = l.queued.PopN(buf, k)
 			l.localSince.Store(buf[first].env.msg.PublishedAt.UnixNano())
