@@ -244,6 +244,7 @@ func (p *pipeline) seen(d *dedupRef) bool {
 	seen, err := p.dedup.Seen(context.Background(), d.key)
 	if err != nil {
 		p.logStoreError("Seen", d.key.MessageID, err)
+		return false // whatever it said: a duplicate is allowed, a loss is not
 	}
 	return seen
 }

@@ -450,3 +450,24 @@ func TestErrorsSayBrokerOnce(t *testing.T) {
 		assert.Equal(t, 1, strings.Count(err.Error(), "broker:"), "%q", err)
 	}
 }
+
+// seenButFailing answers "seen" together with an error.
+type seenButFailing struct{}
+
+func (seenButFailing) Seen(context.Context, DeliveryKey) (bool, error) { return true, errBoom }
+func (seenButFailing) Record(context.Context, DeliveryKey) error       { return nil }
+
+// A Seen that fails counts as "not seen", whatever else it returned: the
+// message is delivered, not dropped as a duplicate.
+func TestFailingSeenDelivers(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithIdempotencyStore(seenButFailing{}))
+		var got calls
+		_, err := b.Subscribe("t", "s", okHandler(&got))
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 3)
+		settle(t, b)
+		assert.Equal(t, 3, got.len())
+		assert.Zero(t, subStats(t, b, "t", "s").Deduplicated)
+	})
+}
