@@ -112,6 +112,14 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	if err := msg.validate(); err != nil {
 		return err
 	}
+	if len(b.cfg.publishHooks) > 0 {
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		if err := b.runPublishHooks(ctx, &msg); err != nil {
+			return err
+		}
+	}
 	msg.Attempt = 0
 	msg.PublishedAt = b.clock.Now()
 	env := envelope{msg: msg}

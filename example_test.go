@@ -391,3 +391,42 @@ func ExampleOrdered() {
 	// ordered=false: a#1 b#1 c#1 a#2
 	// ordered=true: a#1 a#2 b#1 c#1
 }
+
+// Middleware wraps every attempt; a publish hook decorates each message
+// before it is queued. Together they carry a request ID from the
+// publisher's context to the handler's log line, as a tracing adapter
+// carries trace context.
+func ExampleWithMiddleware() {
+	type requestIDKey struct{}
+	stamp := func(ctx context.Context, m *broker.Message) error {
+		if id, ok := ctx.Value(requestIDKey{}).(string); ok {
+			m.Headers["request_id"] = id
+		}
+		return nil
+	}
+	logAttempts := func(sub broker.SubscriberInfo, next broker.Handler) broker.Handler {
+		return func(ctx context.Context, m broker.Message) error {
+			err := next(ctx, m)
+			fmt.Printf("%s/%s %s attempt %d request %s code=%q\n",
+				sub.Topic, sub.Name, m.ID, m.Attempt, m.Headers["request_id"], broker.ErrorCodeOf(err))
+			return err
+		}
+	}
+	b, _ := broker.New(broker.WithLogger(quiet),
+		broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 1, Backoff: broker.ConstantBackoff(0)}),
+		broker.WithPublishHook(stamp), broker.WithMiddleware(logAttempts))
+	failed := false
+	_, _ = b.Subscribe("orders", "billing", func(ctx context.Context, m broker.Message) error {
+		if !failed {
+			failed = true
+			return errors.New("card service down")
+		}
+		return nil
+	})
+	ctx := context.WithValue(context.Background(), requestIDKey{}, "req-7")
+	_ = b.Publish(ctx, broker.Message{ID: "o-1", Topic: "orders"})
+	_ = b.Close(context.Background())
+	// Output:
+	// orders/billing o-1 attempt 1 request req-7 code="error"
+	// orders/billing o-1 attempt 2 request req-7 code=""
+}

@@ -27,6 +27,8 @@ type config struct {
 	dedupSet       bool
 	logger         *slog.Logger
 	obs            Observer
+	middleware     []Middleware
+	publishHooks   []PublishHook
 }
 
 func defaultConfig() config {
@@ -140,6 +142,7 @@ type subConfig struct {
 	budget      *RetryBudgetPolicy
 	rate        float64 // attempts per second; 0: no limit
 	burst       int
+	middleware  []Middleware
 }
 
 // MaxConcurrency is the most workers one subscriber may have.

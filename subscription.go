@@ -74,6 +74,10 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	if sc.policy != nil {
 		policy = sc.policy.normalized()
 	}
+	h, err := chain(b.guard, SubscriberInfo{Topic: topicName, Name: name}, h, b.cfg.middleware, sc.middleware)
+	if err != nil {
+		return nil, fmt.Errorf("%w (subscribe %q to %q)", err, name, topicName)
+	}
 
 	b.mu.Lock()
 	defer b.mu.Unlock()

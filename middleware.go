@@ -1,0 +1,200 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+)
+
+// This file is what users wrap around the broker's edges: handler
+// middleware (around every attempt) and publish hooks (in Publish, before
+// the message is queued). Both are plugged-in code and are guarded like the
+// rest (plugins.go).
+
+// Middleware wraps a subscriber's handler, for tracing, auth, logging or
+// metrics. It is called once per subscriber, at Subscribe, with the
+// subscriber's identity, and returns the handler the broker calls for each
+// attempt. The returned handler sees the message (Attempt set, its own copy
+// of Headers) and the attempt's outcome: the error next returned, a panic
+// of next as a *PanicError (use ErrorCodeOf for the code the broker will
+// file it under). What it returns is the attempt's outcome.
+//
+// A Middleware is plugged-in code: a panic in it is recovered, counted in
+// Stats.PluginPanics and fails that attempt with code "panic", like a
+// handler's.
+type Middleware func(sub SubscriberInfo, next Handler) Handler
+
+// SubscriberInfo names the subscriber a Middleware wraps.
+type SubscriberInfo struct {
+	Topic, Name string
+}
+
+// WithMiddleware wraps every subscriber's handler in mw, in the order
+// given: the first is outermost. A subscriber's own middleware
+// (WithSubscriberMiddleware) runs inside the broker's. nil entries are
+// refused.
+func WithMiddleware(mw ...Middleware) Option {
+	return func(c *config) error {
+		if err := checkMiddleware(mw); err != nil {
+			return err
+		}
+		c.middleware = append(c.middleware, mw...)
+		return nil
+	}
+}
+
+// WithSubscriberMiddleware wraps this subscriber's handler in mw, in the
+// order given (the first is outermost), inside the broker's middleware.
+// nil entries are refused.
+func WithSubscriberMiddleware(mw ...Middleware) SubscribeOption {
+	return func(c *subConfig) error {
+		if err := checkMiddleware(mw); err != nil {
+			return err
+		}
+		c.middleware = append(c.middleware, mw...)
+		return nil
+	}
+}
+
+func checkMiddleware(mw []Middleware) error {
+	for i, m := range mw {
+		if m == nil {
+			return fmt.Errorf("%w: middleware %d is nil", ErrInvalidOption, i)
+		}
+	}
+	return nil
+}
+
+// chain builds the handler the pipeline calls: outer... around h. With
+// middleware, h runs inside a recover of its own, so that the middleware
+// sees a handler panic as a *PanicError, and a panic that reaches the
+// pipeline's recover came from middleware (counted as a plug-in panic).
+// Without middleware h is returned as it is.
+func chain(g guard, sub SubscriberInfo, h Handler, outer ...[]Middleware) (Handler, error) {
+	n := 0
+	for _, mws := range outer {
+		n += len(mws)
+	}
+	if n == 0 {
+		return h, nil
+	}
+	inner := func(ctx context.Context, msg Message) (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				err = newPanicError(v)
+			}
+		}()
+		return h(ctx, msg)
+	}
+	wrapped := Handler(inner)
+	for i := len(outer) - 1; i >= 0; i-- {
+		for j := len(outer[i]) - 1; j >= 0; j-- {
+			next, err := buildLayer(g, outer[i][j], sub, wrapped)
+			if err != nil {
+				return nil, err
+			}
+			wrapped = next
+		}
+	}
+	return func(ctx context.Context, msg Message) (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				g.recovered("Middleware", "handler", v)
+				err = newPanicError(v)
+			}
+		}()
+		return wrapped(ctx, msg)
+	}, nil
+}
+
+// buildLayer calls one Middleware, guarded: a panic or a nil handler is an
+// error for Subscribe.
+func buildLayer(g guard, m Middleware, sub SubscriberInfo, next Handler) (h Handler, err error) {
+	defer func() {
+		if e := g.recovered("Middleware", "build", recover()); e != nil {
+			h, err = nil, fmt.Errorf("%w: %w", ErrInvalidOption, e)
+		}
+	}()
+	if h = m(sub, next); h == nil {
+		return nil, fmt.Errorf("%w: a middleware returned a nil handler", ErrInvalidOption)
+	}
+	return h, nil
+}
+
+// ErrorCodeOf returns the code the broker files err under when a handler
+// returns it ("" for nil): "panic" for a *PanicError, the code of
+// Permanent and RetryAfter errors, an ErrorCoder's own code, else "error".
+// It cannot know about "timeout", which depends on the subscriber's
+// HandlerTimeout when the handler returned.
+func ErrorCodeOf(err error) string {
+	if err == nil {
+		return ""
+	}
+	_, f := vetError(err, false)
+	return f.code
+}
+
+// PublishHook runs in Publish for every valid message, before it is
+// queued, with the publisher's ctx: it may add Headers (trace context from
+// ctx, a tenant, an auth token) or refuse the message by returning an error,
+// which Publish returns wrapped. msg.Headers is the message's own copy,
+// never nil, so the hook may write to it; the caller's map is not changed.
+// Hooks must be safe for concurrent use and should be quick: they run on
+// the publisher's goroutine.
+//
+// A hook that panics is recovered and counted in Stats.PluginPanics; the
+// message is published anyway (a decoration is not worth losing a message
+// over). A hook that changes ID or Topic to invalid values gets
+// ErrInvalidMessage from Publish.
+type PublishHook func(ctx context.Context, msg *Message) error
+
+// WithPublishHook adds hooks that Publish runs, in the order given, before
+// it queues a message. nil entries are refused.
+func WithPublishHook(hooks ...PublishHook) Option {
+	return func(c *config) error {
+		for i, h := range hooks {
+			if h == nil {
+				return fmt.Errorf("%w: publish hook %d is nil", ErrInvalidOption, i)
+			}
+		}
+		c.publishHooks = append(c.publishHooks, hooks...)
+		return nil
+	}
+}
+
+// errHookPanicked is the guard's result of a publish hook that panicked:
+// not an error of the message.
+var errHookPanicked = errors.New("broker: publish hook panicked")
+
+// runPublishHooks gives msg its own Headers and runs the hooks on it. It
+// returns the first hook error, wrapped.
+func (b *Broker) runPublishHooks(ctx context.Context, msg *Message) error {
+	h := make(map[string]string, len(msg.Headers)+2)
+	maps.Copy(h, msg.Headers)
+	msg.Headers = h
+	for i, hook := range b.cfg.publishHooks {
+		if msg.Headers == nil { // a hook dropped the map: the next gets one
+			msg.Headers = make(map[string]string)
+		}
+		if err := b.callPublishHook(ctx, hook, msg); err != nil {
+			if errors.Is(err, errHookPanicked) {
+				continue
+			}
+			return fmt.Errorf("broker: publish %q to %q: hook %d: %w", msg.ID, msg.Topic, i, err)
+		}
+	}
+	if len(msg.Headers) == 0 {
+		msg.Headers = nil
+	}
+	return msg.validate()
+}
+
+func (b *Broker) callPublishHook(ctx context.Context, hook PublishHook, msg *Message) (err error) {
+	defer func() {
+		if e := b.guard.recovered("PublishHook", "call", recover()); e != nil {
+			err = fmt.Errorf("%w: %w", errHookPanicked, e)
+		}
+	}()
+	return hook(ctx, msg)
+}
