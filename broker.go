@@ -231,11 +231,9 @@ func (b *Broker) redriveOne(ctx context.Context, id string) error {
 	if s == nil {
 		return fmt.Errorf("%w: redrive %q: %q on topic %q", ErrSubscriberNotFound, id, dl.Subscriber, dl.Message.Topic)
 	}
-	env := envelope{msg: dl.Message}
-	env.msg.Attempt = redriveMark // delivered from attempt 1, without the dedup check
 	timer := time.NewTimer(b.cfg.publishTimeout)
 	defer timer.Stop()
-	switch err := s.routeRedriven(&env, ctx.Done(), timer.C); err {
+	switch err := s.routeRedriven(dl.Message, ctx.Done(), timer.C); err {
 	case nil:
 	case queue.ErrClosed:
 		if b.closed.Load() {

@@ -43,14 +43,9 @@ func newOverflowError(topic, subscriber string) error {
 // platforms, two cache lines, copied once into the topic queue, once into
 // each lane and once out of it.
 type envelope struct {
-	msg Message // Attempt is 0, or redriveMark for a redriven dead letter
+	msg Message // Attempt is 0 until a worker attempts it
 	idh idHash  // msg.ID hashed for the default dedup store, once for all subscribers
 }
-
-// redriveMark in a queued envelope's msg.Attempt marks a redriven dead
-// letter, which skips the dedup check; its lane item says so
-// (laneItem.redriven) and counts attempts from 0.
-const redriveMark = -1
 
 // step is what follows a failed attempt.
 type step struct {

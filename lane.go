@@ -228,27 +228,15 @@ func (l *lane) pushN(envs []envelope) (int, error) {
 	for i := range envs[:k] {
 		env := &envs[i]
 		if _, keyed := l.orderingKey(&env.msg); keyed {
-			l.addLocked(newItem(env))
+			l.addLocked(laneItem{env: *env})
 			continue
 		}
 		it := l.queued.Append() // built in place: one copy of the message
 		it.env = *env
-		it.redriven = env.msg.Attempt == redriveMark
-		if it.redriven {
-			it.env.msg.Attempt = 0
-		}
 	}
 	l.routed.Add(uint64(k))
 	l.wakeLocked(l.queued.Len() - queued)
 	return k, nil
-}
-
-func newItem(env *envelope) laneItem {
-	it := laneItem{env: *env}
-	if it.env.msg.Attempt == redriveMark {
-		it.redriven, it.env.msg.Attempt = true, 0
-	}
-	return it
 }
 
 // addLocked queues it, or holds it behind its key, without waking a

@@ -166,7 +166,7 @@ func (s *Subscription) breakerChanged(from, to BreakerState) {
 // as long as it takes (backpressure); before runs before it waits, and its
 // waits are the subscriber's BlockedFor.
 func (s *Subscription) routeDispatched(env *envelope, before func()) error {
-	return s.route(env, false, nil, nil,
+	return s.route(laneItem{env: *env}, false, nil, nil,
 		func(start time.Time) {
 			before()
 			s.t.blockStart(s, start)
@@ -175,21 +175,22 @@ func (s *Subscription) routeDispatched(env *envelope, before func()) error {
 }
 
 // routeRedriven is Redrive's route: it never sheds, whatever the policy; a
-// full lane makes it wait until cancel is closed or deadline fires.
-func (s *Subscription) routeRedriven(env *envelope, cancel <-chan struct{}, deadline <-chan time.Time) error {
-	return s.route(env, true, cancel, deadline, nil, func(time.Duration) {})
+// full lane makes it wait until cancel is closed or deadline fires. The
+// message skips the dedup check and is attempted from 1 again.
+func (s *Subscription) routeRedriven(msg Message, cancel <-chan struct{}, deadline <-chan time.Time) error {
+	msg.Attempt = 0
+	return s.route(laneItem{env: envelope{msg: msg}, redriven: true}, true, cancel, deadline, nil, func(time.Duration) {})
 }
 
-// route hands env to the subscriber, waiting for room in its lane when it
+// route hands it to the subscriber, waiting for room in its lane when it
 // is full and the policy blocks (or noShed) until cancel is closed or
 // deadline fires (either may be nil); before and after bracket that wait.
 // It returns nil once the message is the subscriber's responsibility: in
 // its lane, dead-lettered because it did not fit (under a dead-letter
 // policy), or dead-lettered because the subscription is stopping at once.
 // A queue error means it was not routed.
-func (s *Subscription) route(env *envelope, noShed bool, cancel <-chan struct{}, deadline <-chan time.Time,
+func (s *Subscription) route(it laneItem, noShed bool, cancel <-chan struct{}, deadline <-chan time.Time,
 	before func(time.Time), after func(time.Duration)) error {
-	it := newItem(env)
 	victim, shed, err := s.lane.push(it, noShed)
 	if err == queue.ErrFull {
 		victim, shed, err = s.lane.pushWait(it, noShed, s.ctx.Done(), cancel, deadline, before, after)
