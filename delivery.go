@@ -189,14 +189,6 @@ func (p *pipeline) overflow(it *laneItem) {
 	p.rec.deadLetter(msg, 0, ReasonOverflow, p.overflowFault, false)
 }
 
-// prefetch asks for the default dedup store's memory for env, ahead of its
-// delivery.
-func (p *pipeline) prefetch(env *envelope) {
-	if p.mem != nil && env.idh != (idHash{}) {
-		p.mem.prefetch(p.salt, env.idh)
-	}
-}
-
 // dedupRef names one message at this subscriber for the idempotency store:
 // the key, and its slot when the store is a MemoryIdempotencyStore.
 type dedupRef struct {

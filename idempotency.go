@@ -7,9 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
-
-	"github.com/inproc/broker/internal/prefetch"
 )
 
 // Defaults of the in-memory idempotency store.
@@ -199,17 +196,6 @@ func (s *MemoryIdempotencyStore) slotFor(salt dedupSalt, h idHash, now int64) sl
 		j++
 	}
 	return slot{i: int(i), j: int(j), tag: (h.b ^ salt.b) | 1, now: now}
-}
-
-// prefetch asks for both buckets a hashed ID can live in to be brought into
-// cache, without waiting: a worker issues it for a message ahead of the one
-// it delivers, so the lookup later finds them there.
-func (s *MemoryIdempotencyStore) prefetch(salt dedupSalt, h idHash) {
-	sl := s.slotFor(salt, h, 0)
-	if tab := s.tab.Load(); tab != nil {
-		prefetch.Line(unsafe.Pointer(&(*tab)[sl.i]))
-		prefetch.Line(unsafe.Pointer(&(*tab)[sl.j]))
-	}
 }
 
 // locate places k, dated by its PublishedAt, or by a clock read without

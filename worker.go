@@ -11,10 +11,6 @@ import (
 // ignores a cancelled context is abandoned at Close's or Unsubscribe's
 // deadline (see abandon, in lifecycle.go).
 
-// prefetchAhead is how many messages ahead of the one it runs a worker asks
-// for the dedup store's memory.
-const prefetchAhead = 2
-
 // A worker's state, for abandonment: only an attempt (the handler running)
 // can be abandoned, and only once.
 const (
@@ -87,9 +83,6 @@ func (w *worker) run() {
 			w.n, probe = len(batch), p
 		}
 		for w.i = 0; w.i < w.n; w.i++ {
-			if w.i+prefetchAhead < w.n {
-				s.pipe.prefetch(&w.buf[w.i+prefetchAhead].env)
-			}
 			it := &w.buf[w.i]
 			s.lane.start()
 			started = true
