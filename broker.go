@@ -14,17 +14,15 @@ import (
 	"time"
 
 	"github.com/inproc/broker/internal/queue"
-	"github.com/inproc/broker/internal/wallclock"
 )
 
 // Broker is an in-process message broker. Create one with New, publish with
 // Publish, register handlers with Subscribe, and end it with Close. All
 // methods are safe for concurrent use.
 type Broker struct {
-	cfg   config
-	mem   *MemoryIdempotencyStore // cfg.dedup when it is the default kind, for its hashed fast path
-	seed  maphash.Seed
-	clock wallclock.Clock // PublishedAt, at one clock read instead of time.Now's two
+	cfg  config
+	mem  *MemoryIdempotencyStore // cfg.dedup when it is the default kind, for its hashed fast path
+	seed maphash.Seed
 
 	mu     sync.Mutex  // serialises topic creation and retirement, Subscribe and the start of Close
 	topics sync.Map    // name → *topic, the live topics (created and retired under mu)
@@ -121,7 +119,7 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 		}
 	}
 	msg.Attempt = 0
-	msg.PublishedAt = b.clock.Now()
+	msg.PublishedAt = time.Now()
 	env := envelope{msg: msg}
 	if b.mem != nil {
 		env.idh = b.mem.hashID(msg.ID) // once here rather than once per subscriber

@@ -32,12 +32,9 @@ type Message struct {
 	Headers map[string]string
 	// Attempt is set by the broker on each delivery: 1 for the first.
 	Attempt int
-	// PublishedAt is set by Publish to the time the message was accepted.
-	// It carries a monotonic clock reading, like time.Now's, which is what
-	// ages and latencies use. Its wall clock reading is the system's from
-	// less than a second before, plus the monotonic time since: so for up to
-	// a second after the system clock is set or the machine resumes from
-	// suspend, it can be off by that step.
+	// PublishedAt is set by Publish to the time the message was accepted
+	// (time.Now, with its monotonic clock reading, which is what ages and
+	// latencies use).
 	PublishedAt time.Time
 }
 
