@@ -1,0 +1,384 @@
+package admin
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/inproc/broker"
+)
+
+// listQuery is a dead-letter list request: the filter form's fields.
+type listQuery struct {
+	Topic, Subscriber, Code, Reason string
+	Limit, Offset                   int
+}
+
+// parseListQuery reads the query parameters topic, subscriber, code,
+// reason, limit and offset.
+func (h *Handler) parseListQuery(v url.Values) (listQuery, error) {
+	q := listQuery{
+		Topic:      v.Get("topic"),
+		Subscriber: v.Get("subscriber"),
+		Code:       v.Get("code"),
+		Reason:     v.Get("reason"),
+		Limit:      h.opts.PageSize,
+	}
+	if s := v.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > MaxPageSize {
+			return q, fmt.Errorf("limit %q: want a number from 1 to %d", s, MaxPageSize)
+		}
+		q.Limit = n
+	}
+	if s := v.Get("offset"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return q, fmt.Errorf("offset %q: want a number from 0", s)
+		}
+		q.Offset = n
+	}
+	if q.Offset+q.Limit > h.opts.MaxScan {
+		return q, fmt.Errorf("offset %d + limit %d: pages reach at most %d dead letters (Options.MaxScan); narrow the filter", q.Offset, q.Limit, h.opts.MaxScan)
+	}
+	return q, nil
+}
+
+// values is q as query parameters (without paging), for links.
+func (q listQuery) values() url.Values {
+	v := url.Values{}
+	for k, s := range map[string]string{"topic": q.Topic, "subscriber": q.Subscriber, "code": q.Code, "reason": q.Reason} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	return v
+}
+
+// list returns one page of the dead letters matching q. The store filters
+// by topic, subscriber and code and returns them oldest first; the reason
+// is filtered here, over at most MaxScan of them.
+func (h *Handler) list(ctx context.Context, q listQuery) (DeadLetterList, error) {
+	store := h.b.DeadLetters()
+	f := broker.DeadLetterFilter{Topic: q.Topic, Subscriber: q.Subscriber, ErrorCode: q.Code, Limit: q.Offset + q.Limit + 1}
+	if q.Reason != "" {
+		f.Limit = h.opts.MaxScan
+	}
+	dls, err := store.List(ctx, f)
+	if err != nil {
+		return DeadLetterList{}, fmt.Errorf("admin: list dead letters: %w", err)
+	}
+	if len(dls) > f.Limit { // a store that ignores Limit
+		dls = dls[:f.Limit]
+	}
+	out := DeadLetterList{Offset: q.Offset, Limit: q.Limit, Stored: -1, DeadLetters: []DeadLetterSummary{}}
+	if q.Reason != "" {
+		out.Truncated = len(dls) == f.Limit
+		dls = slices.DeleteFunc(dls, func(dl broker.DeadLetter) bool { return dl.Reason != q.Reason })
+	}
+	for i, dl := range dls {
+		if i >= q.Offset && i < q.Offset+q.Limit {
+			out.DeadLetters = append(out.DeadLetters, summary(dl))
+		}
+	}
+	out.More = len(dls) > q.Offset+q.Limit
+	if n, err := store.Len(ctx); err == nil {
+		out.Stored = n
+	}
+	return out, nil
+}
+
+func summary(dl broker.DeadLetter) DeadLetterSummary {
+	return DeadLetterSummary{
+		ID:          dl.ID,
+		Topic:       dl.Message.Topic,
+		Subscriber:  dl.Subscriber,
+		MessageID:   dl.Message.ID,
+		Key:         dl.Message.Key,
+		Attempts:    dl.Attempts,
+		ErrorCode:   dl.ErrorCode,
+		Error:       dl.Error,
+		Retryable:   dl.Retryable,
+		Reason:      dl.Reason,
+		FailedAt:    dl.FailedAt,
+		PublishedAt: dl.Message.PublishedAt,
+		PayloadSize: len(dl.Message.Payload),
+	}
+}
+
+func detail(dl broker.DeadLetter) DeadLetterDetail {
+	d := DeadLetterDetail{
+		DeadLetterSummary: summary(dl),
+		Attempt:           dl.Message.Attempt,
+		Headers:           dl.Message.Headers,
+		Payload:           dl.Message.Payload,
+	}
+	if d.Headers == nil {
+		d.Headers = map[string]string{}
+	}
+	if printable(dl.Message.Payload) {
+		s := string(dl.Message.Payload)
+		d.PayloadText = &s
+	}
+	return d
+}
+
+// printable reports whether p is valid UTF-8 made of graphic characters,
+// spaces, tabs and line breaks only: no control or format characters (such
+// as the bidirectional overrides), which are shown as hex instead.
+func printable(p []byte) bool {
+	if !utf8.Valid(p) {
+		return false
+	}
+	for _, r := range string(p) {
+		if !unicode.IsGraphic(r) && r != '\n' && r != '\r' && r != '\t' {
+			return false
+		}
+	}
+	return true
+}
+
+// payloadView is a payload as the detail page shows it: at most limit
+// bytes, as text or as a hex dump.
+type payloadView struct {
+	Size, Shown int
+	IsText      bool
+	Text        string // escaped by the template
+	Hex         string // hex.Dump of the shown bytes
+}
+
+func viewPayload(p []byte, limit int) payloadView {
+	v := payloadView{Size: len(p)}
+	shown := p[:min(len(p), limit)]
+	if len(shown) < len(p) { // do not cut a character in two
+		for i := 0; i < utf8.UTFMax-1 && len(shown) > 0 && !utf8.Valid(shown); i++ {
+			shown = shown[:len(shown)-1]
+		}
+	}
+	if len(p) == 0 || printable(shown) {
+		v.IsText, v.Text = true, string(shown)
+	} else {
+		shown = p[:min(len(p), limit)]
+		v.Hex = hex.Dump(shown)
+	}
+	v.Shown = len(shown)
+	return v
+}
+
+// headerView is one header, for a table sorted by name.
+type headerView struct{ Name, Value string }
+
+func viewHeaders(hd map[string]string) []headerView {
+	out := make([]headerView, 0, len(hd))
+	for _, k := range slices.Sorted(maps.Keys(hd)) {
+		out = append(out, headerView{k, hd[k]})
+	}
+	return out
+}
+
+// listPage is the data of the deadletters page.
+type listPage struct {
+	page
+	Q            listQuery
+	List         DeadLetterList
+	Topics       []string // for the topic filter's suggestions
+	Reasons      []string
+	Codes        []string
+	Prev, Next   string // links; "" when none
+	First        int    // 1-based position of the first shown
+	Last         int
+	MaxScan      int
+	SelectAll    bool // check every box (the no-JS "select all" link)
+	SelectAllURL string
+	APIURL       string
+	Notice       string
+	NoticeBad    bool
+	NoticeDone   string
+}
+
+var reasons = []string{broker.ReasonExhausted, broker.ReasonPermanent, broker.ReasonShutdown,
+	broker.ReasonUnsubscribed, broker.ReasonOverflow, broker.ReasonBudget}
+
+var codes = []string{broker.CodeError, broker.CodeTimeout, broker.CodePanic, broker.CodePermanent,
+	broker.CodeThrottled, broker.CodeShutdown, broker.CodeUnsubscribed, broker.CodeOverflow}
+
+// deadLetters serves GET deadletters: the filter form and one page.
+func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) {
+	q, err := h.parseListQuery(r.URL.Query())
+	if err != nil {
+		h.fail(w, r, false, http.StatusBadRequest, err.Error())
+		return
+	}
+	list, err := h.list(r.Context(), q)
+	if err != nil {
+		h.fail(w, r, false, http.StatusInternalServerError, err.Error())
+		return
+	}
+	p := listPage{
+		page:      h.newPage(w, r, "deadletters", "Dead letters", ""),
+		Q:         q,
+		List:      list,
+		Topics:    slices.Sorted(maps.Keys(h.b.Stats().Topics)),
+		Reasons:   reasons,
+		Codes:     codes,
+		First:     q.Offset + 1,
+		Last:      q.Offset + len(list.DeadLetters),
+		MaxScan:   h.opts.MaxScan,
+		SelectAll: r.URL.Query().Get("select") == "all",
+	}
+	if q.Reason != "" && !slices.Contains(reasons, q.Reason) {
+		p.Reasons = append(slices.Clip(reasons), q.Reason) // keep a reason of a custom store selected
+	}
+	query := func(offset int) url.Values {
+		v := q.values()
+		if q.Limit != h.opts.PageSize {
+			v.Set("limit", strconv.Itoa(q.Limit))
+		}
+		if offset > 0 {
+			v.Set("offset", strconv.Itoa(offset))
+		}
+		return v
+	}
+	withQuery := func(path string, v url.Values) string {
+		if len(v) == 0 {
+			return path
+		}
+		return path + "?" + v.Encode()
+	}
+	link := func(offset int) string { return withQuery("deadletters", query(offset)) }
+	all := query(q.Offset)
+	all.Set("select", "all")
+	p.SelectAllURL = withQuery("deadletters", all)
+	p.APIURL = withQuery("api/deadletters", query(q.Offset))
+	if q.Offset > 0 {
+		p.Prev = link(max(0, q.Offset-q.Limit))
+	}
+	if list.More && q.Offset+2*q.Limit <= h.opts.MaxScan {
+		p.Next = link(q.Offset + q.Limit)
+	}
+	p.Notice, p.NoticeBad, p.NoticeDone = notice(r.URL.Query())
+	h.render(w, http.StatusOK, "deadletters", p)
+}
+
+// notice states the result of the action a form redirected from, from the
+// done, ok, failed and why parameters (numbers and known codes only: no
+// text from the URL reaches the page).
+func notice(v url.Values) (text string, bad bool, done string) {
+	var verb string
+	switch done = v.Get("done"); done {
+	case string(actionRedrive):
+		verb = "Redrove"
+	case string(actionDelete):
+		verb = "Deleted"
+	default:
+		return "", false, ""
+	}
+	ok, _ := strconv.Atoi(v.Get("ok"))
+	failed, _ := strconv.Atoi(v.Get("failed"))
+	if ok == 0 && failed == 0 {
+		return "Nothing selected.", false, done
+	}
+	text = fmt.Sprintf("%s %d dead letter%s.", verb, ok, plural(ok))
+	if failed > 0 {
+		bad = true
+		text += fmt.Sprintf(" %d failed", failed)
+		if why, known := failureText[v.Get("why")]; known {
+			text += ": " + why
+		}
+		text += "."
+	}
+	return text, bad, done
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+// detailPage is the data of the deadletters/{id} page.
+type detailPage struct {
+	page
+	DL      DeadLetterSummary
+	Attempt int
+	Headers []headerView
+	Payload payloadView
+}
+
+// deadLetter serves GET deadletters/{id}.
+func (h *Handler) deadLetter(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	dl, ok, err := h.b.DeadLetters().Get(r.Context(), id)
+	switch {
+	case err != nil:
+		h.fail(w, r, false, http.StatusInternalServerError, fmt.Sprintf("get dead letter %q: %v", id, err))
+		return
+	case !ok:
+		h.fail(w, r, false, http.StatusNotFound, fmt.Sprintf("no dead letter %q (redriven or deleted?)", id))
+		return
+	}
+	h.render(w, http.StatusOK, "deadletter", detailPage{
+		page:    h.newPage(w, r, "deadletter", "Dead letter "+id, "../"),
+		DL:      summary(dl),
+		Attempt: dl.Message.Attempt,
+		Headers: viewHeaders(dl.Message.Headers),
+		Payload: viewPayload(dl.Message.Payload, h.opts.PayloadLimit),
+	})
+}
+
+// apiDeadLetters serves GET api/deadletters.
+func (h *Handler) apiDeadLetters(w http.ResponseWriter, r *http.Request) {
+	q, err := h.parseListQuery(r.URL.Query())
+	if err != nil {
+		h.fail(w, r, true, http.StatusBadRequest, err.Error())
+		return
+	}
+	list, err := h.list(r.Context(), q)
+	if err != nil {
+		h.fail(w, r, true, http.StatusInternalServerError, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+// apiDeadLetter serves GET api/deadletters/{id}.
+func (h *Handler) apiDeadLetter(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	dl, ok, err := h.b.DeadLetters().Get(r.Context(), id)
+	switch {
+	case err != nil:
+		h.fail(w, r, true, http.StatusInternalServerError, fmt.Sprintf("get dead letter %q: %v", id, err))
+	case !ok:
+		h.fail(w, r, true, http.StatusNotFound, fmt.Sprintf("no dead letter %q", id))
+	default:
+		writeJSON(w, http.StatusOK, detail(dl))
+	}
+}
+
+// pathEscape escapes s as one path segment: everything but unreserved
+// characters is percent-encoded, and "." and ".." (which a browser or
+// ServeMux would resolve) are written as %2E.
+func pathEscape(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '~' || c == '.' {
+			b.WriteByte(c)
+			continue
+		}
+		fmt.Fprintf(&b, "%%%02X", c)
+	}
+	if e := b.String(); e != "." && e != ".." {
+		return e
+	}
+	return strings.Repeat("%2E", len(s))
+}
