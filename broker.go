@@ -47,6 +47,8 @@ type Broker struct {
 	shutdownDLs atomic.Int64  // dead letters with reason "shutdown"
 	abandoned   atomic.Int64  // handlers Close abandoned
 
+	remote *remote // the transport's side, when one was given (WithTransport); nil: in-memory
+
 	dlPrefix string        // makes dead-letter IDs unique across brokers and restarts
 	dlSeq    atomic.Uint64 // dead-letter sequence
 	redrive  chan struct{} // holds a token while a Redrive runs, so a dead letter is redriven once
@@ -94,6 +96,9 @@ func New(opts ...Option) (*Broker, error) {
 	}
 	b.abortCtx, b.abort = context.WithCancelCause(context.Background())
 	b.gone = newGoneTopics()
+	if cfg.transport != nil {
+		b.remote = newRemote(cfg.transport)
+	}
 	return b, nil
 }
 
@@ -120,6 +125,12 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	}
 	msg.Attempt = 0
 	msg.PublishedAt = time.Now()
+	if b.remote != nil {
+		if b.closed.Load() {
+			return ErrClosed
+		}
+		return b.publishRemote(ctx, msg)
+	}
 	env := envelope{msg: msg}
 	if b.mem != nil {
 		env.idh = b.mem.hashID(msg.ID) // once here rather than once per subscriber
@@ -225,6 +236,13 @@ func (b *Broker) redriveOne(ctx context.Context, id string) error {
 	if !ok {
 		return fmt.Errorf("%w: %q", ErrDeadLetterNotFound, id)
 	}
+	if b.remote != nil {
+		if err := b.remote.t.Redrive(ctx, dl); err != nil {
+			return fmt.Errorf("broker: redrive %q: %w", id, err)
+		}
+		b.deleteRedriven(ctx, id)
+		return nil
+	}
 	s := b.subscription(dl.Message.Topic, dl.Subscriber)
 	if s == nil {
 		return fmt.Errorf("%w: redrive %q: %q on topic %q", ErrSubscriberNotFound, id, dl.Subscriber, dl.Message.Topic)
@@ -243,11 +261,16 @@ func (b *Broker) redriveOne(ctx context.Context, id string) error {
 	default:
 		return fmt.Errorf("%w: redrive %q: lane of %q on topic %q stayed full", ErrQueueFull, id, dl.Subscriber, dl.Message.Topic)
 	}
+	b.deleteRedriven(ctx, id)
+	return nil
+}
+
+// deleteRedriven removes a redriven dead letter from the store.
+func (b *Broker) deleteRedriven(ctx context.Context, id string) {
 	if err := b.dlq.Delete(context.WithoutCancel(ctx), id); err != nil {
 		b.cfg.logger.LogAttrs(ctx, slog.LevelError, "broker: redriven dead letter not deleted; it may be redriven twice",
 			slog.String("dead_letter_id", id), slog.String("error", err.Error()))
 	}
-	return nil
 }
 
 // subscription returns the active subscriber name on topicName, or nil.
@@ -299,6 +322,9 @@ func (b *Broker) Stats() Stats {
 	}
 	for _, t := range topics {
 		st.Topics[t.name] = t.stats(now)
+	}
+	if b.remote != nil {
+		b.statsRemote(&st)
 	}
 	return st
 }

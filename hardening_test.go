@@ -305,7 +305,10 @@ func TestPanickingPluginsAreGuarded(t *testing.T) {
 				}, CircuitBreaker(BreakerPolicy{Failures: 100}))
 				require.NoError(t, err)
 				publishN(t, b, "t", "ok", 3)
-				for _, id := range []string{"bad", "worse", "ok-0"} {
+				// "worse" before "bad": with the failing store, worse's Put
+				// holds the worker before bad runs at all (published after
+				// it, bad could run its three attempts first).
+				for _, id := range []string{"worse", "bad", "ok-0"} {
 					require.NoError(t, b.Publish(context.Background(), Message{ID: id, Topic: "t"}))
 				}
 				require.NoError(t, b.Publish(context.Background(), Message{ID: "x", Topic: "nobody"}))

@@ -49,6 +49,11 @@ func (b *Broker) Close(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+	if b.remote != nil {
+		b.closeErr = b.closeRemote(ctx)
+		close(b.closeDone)
+		return b.closeErr
+	}
 	for _, t := range topics {
 		t.q.Close()
 	}
@@ -111,6 +116,9 @@ func (b *Broker) Close(ctx context.Context) error {
 func (s *Subscription) Unsubscribe(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
+	}
+	if s.remote != nil {
+		return s.endRemote(ctx, errUnsubscribed)
 	}
 	first := false
 	s.unsubOnce.Do(func() { first = true })

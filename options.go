@@ -29,6 +29,7 @@ type config struct {
 	obs            Observer
 	middleware     []Middleware
 	publishHooks   []PublishHook
+	transport      Transport // nil: the in-memory queues
 }
 
 func defaultConfig() config {

@@ -108,8 +108,9 @@ func (r *recorder) retrying(msg *Message, d, delay time.Duration, f fault) {
 
 // deadLetter puts msg into the store, then counts it; the dead letter is in
 // the store before it is counted. attempted says that msg.Attempt just ran
-// and has no event yet.
-func (r *recorder) deadLetter(msg *Message, d time.Duration, reason string, f fault, attempted bool) {
+// and has no event yet. It returns the store's error when the store refused
+// the dead letter until the stop's deadline.
+func (r *recorder) deadLetter(msg *Message, d time.Duration, reason string, f fault, attempted bool) error {
 	code, retryable := f.code, f.retryable
 	dl := DeadLetter{
 		ID:         r.newID(),
@@ -150,6 +151,7 @@ func (r *recorder) deadLetter(msg *Message, d time.Duration, reason string, f fa
 		}
 		r.logAttrs(level, "broker: dead-lettered", msg, f, OutcomeDeadLettered, attrs...)
 	}
+	return storeErr
 }
 
 func (r *recorder) logAttrs(level slog.Level, text string, msg *Message, f fault, out Outcome, extra ...slog.Attr) {

@@ -15,9 +15,11 @@ import (
 // messages routed to it (see lane.go) and its workers. It is created by
 // Subscribe and ended by Unsubscribe or Broker.Close.
 type Subscription struct {
-	b       *Broker
-	t       *topic
-	name    string
+	b         *Broker
+	t         *topic // nil with a transport
+	topicName string
+	name      string
+	remote    *remoteSub // with a transport; nil: in-memory
 	lane    *lane
 	workers int
 	limiter *tokenBucket // nil: no rate limit
@@ -43,7 +45,7 @@ type Subscription struct {
 }
 
 // Topic returns the subscription's topic.
-func (s *Subscription) Topic() string { return s.t.name }
+func (s *Subscription) Topic() string { return s.topicName }
 
 // Name returns the subscriber's name.
 func (s *Subscription) Name() string { return s.name }
@@ -78,6 +80,9 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	if err != nil {
 		return nil, fmt.Errorf("%w (subscribe %q to %q)", err, name, topicName)
 	}
+	if b.remote != nil {
+		return b.subscribeRemote(topicName, name, sc, policy, h)
+	}
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -92,7 +97,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	}
 	c := t.tally.counter(name)
 	s := &Subscription{
-		b: b, t: t, name: name, c: c, workers: sc.concurrency,
+		b: b, t: t, topicName: topicName, name: name, c: c, workers: sc.concurrency,
 		done:     make(chan struct{}),
 		unsubbed: make(chan struct{}),
 		left:     make(chan struct{}),

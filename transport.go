@@ -1,0 +1,517 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// This file is the transport seam: what another transport (NATS
+// JetStream, in module natsjs) implements to carry messages in place of the
+// built-in in-memory queues and lanes, and the broker's side of it. The
+// delivery engine is the one the in-memory transport uses (delivery.go:
+// dedup check, attempt with deadline and panic recovery, classify, retry
+// decision, dead letter; recorder.go: counters, observer, logs); here it
+// runs over a Delivery instead of a lane item.
+
+// Transport carries messages between Publish and the subscribers' handlers,
+// in place of the built-in in-memory queues (WithTransport). The broker
+// keeps everything else: validation, publish hooks, middleware, dedup,
+// attempts, classification, the retry decision, dead letters, Stats, the
+// Observer and logs. A Transport must be safe for concurrent use.
+type Transport interface {
+	// Publish stores msg (validated, PublishedAt set) for the current
+	// subscribers of msg.Topic and returns once it is stored. It returns
+	// an error wrapping ErrQueueFull when the topic has no room by the
+	// time ctx ends (the broker gives it the publish timeout as a
+	// deadline).
+	Publish(ctx context.Context, msg Message) error
+	// Subscribe starts delivering the messages of sub.Topic published
+	// from now on to the subscriber sub.Name, calling sub.Deliver for each
+	// delivery, at most sub.Concurrency at once. A subscriber name is one
+	// consumer: transports that share work between processes give each
+	// message to one of the processes subscribed under that name.
+	Subscribe(sub TransportSubscriber) (TransportSubscription, error)
+	// Redrive hands dl.Message back to the one subscriber dl.Subscriber on
+	// dl.Message.Topic, to be delivered again from attempt 1 with
+	// Delivery.Redriven true.
+	Redrive(ctx context.Context, dl DeadLetter) error
+	// Close releases the transport. The broker calls it last in Close,
+	// after every subscription stopped.
+	Close(ctx context.Context) error
+}
+
+// TransportSubscriber is what a Transport needs to deliver to one
+// subscriber.
+type TransportSubscriber struct {
+	Topic, Name string
+	// Concurrency is the most Deliver calls that may run at once.
+	Concurrency int
+	// Ordered asks for strict order through retries of keyless messages
+	// too (see Ordered); a transport that cannot give it returns an
+	// error wrapping ErrInvalidOption.
+	Ordered bool
+	// Deliver runs the broker's delivery engine for d: on return, d was
+	// acknowledged, handed back for a retry, or terminated — or, when
+	// the subscription is stopping, handed back at once (Retry(0)).
+	Deliver func(d Delivery)
+}
+
+// TransportSubscription is a running subscription of a Transport.
+type TransportSubscription interface {
+	// Stop stops fetching and returns once no Deliver call runs, or when
+	// ctx ends (with ctx's error). Messages not yet acknowledged stay with
+	// the transport, for another process subscribed under the name or for
+	// the next subscription.
+	Stop(ctx context.Context) error
+}
+
+// Delivery is one delivery of a message by a Transport to a subscriber.
+// The broker calls exactly one of Ack, Retry and Terminate, once, and
+// KeepAlive any number of times before that.
+type Delivery interface {
+	// Message is the message, with Attempt set to the transport's count
+	// of deliveries to this subscriber (1 for the first).
+	Message() Message
+	// Redriven reports a dead letter sent back by Redrive: it skips the
+	// dedup check.
+	Redriven() bool
+	// Ack says the message ended here: delivered, deduplicated or, after
+	// Terminate's dead letter was stored, nothing more to do.
+	Ack() error
+	// Retry hands the message back, to be delivered again (Attempt + 1)
+	// no sooner than delay. The ordering key stays held meanwhile where
+	// the transport keeps order.
+	Retry(delay time.Duration) error
+	// Terminate ends the message with a reason after its dead letter was
+	// stored: it is not delivered again.
+	Terminate(reason string) error
+	// KeepAliveEvery is how often a running handler must be reported
+	// alive (KeepAlive) for the transport not to deliver the message
+	// again meanwhile; 0 means never.
+	KeepAliveEvery() time.Duration
+	// KeepAlive tells the transport the handler still runs.
+	KeepAlive() error
+}
+
+// DeadLetterIDer is a Delivery that names its dead letter, so that writing
+// it again after a crash (before Terminate reached the transport) replaces
+// the first instead of adding a second.
+type DeadLetterIDer interface {
+	DeadLetterID() string
+}
+
+// WithTransport makes the broker carry messages with t instead of its
+// in-memory queues (for durability across restarts, or sharing one
+// subscriber's work between processes; see module natsjs). The broker
+// calls t.Close in Close. nil is refused.
+//
+// What changes with a transport: Close and Unsubscribe leave unfinished
+// messages with the transport (they are not dead-lettered with reasons
+// "shutdown" and "unsubscribed"); the options that shape the in-memory
+// lane (LaneSize, WhenLaneFull, CircuitBreaker, RateLimit) are refused by
+// Subscribe; Stats count what this process did (Queued is what it handed
+// back for a retry and was not delivered here again).
+func WithTransport(t Transport) Option {
+	return func(c *config) error {
+		if t == nil || isNilValue(t) {
+			return fmt.Errorf("%w: nil transport (%T)", ErrInvalidOption, t)
+		}
+		c.transport = t
+		return nil
+	}
+}
+
+// remote is the broker's side of its transport: the topics this process
+// published to or subscribed on, with their counters.
+type remote struct {
+	t      Transport
+	mu     sync.Mutex
+	topics map[string]*remoteTopic
+}
+
+type remoteTopic struct {
+	name   string
+	tally  *tally // its subs map is guarded by remote.mu
+	active map[string]*Subscription
+}
+
+func newRemote(t Transport) *remote {
+	return &remote{t: t, topics: make(map[string]*remoteTopic)}
+}
+
+// topic returns the topic's record, creating it. r.mu must be held.
+func (r *remote) topicLocked(name string) *remoteTopic {
+	rt := r.topics[name]
+	if rt == nil {
+		rt = &remoteTopic{name: name, tally: newTally(), active: make(map[string]*Subscription)}
+		r.topics[name] = rt
+	}
+	return rt
+}
+
+// remoteSub is the transport's part of a Subscription.
+type remoteSub struct {
+	ts          TransportSubscription
+	maxAttempts int          // the most attempts any code's rule allows
+	parked      atomic.Int64 // handed back for a retry and not delivered here again
+	running     sync.WaitGroup
+}
+
+// publishRemote hands a valid, stamped message to the transport.
+func (b *Broker) publishRemote(ctx context.Context, msg Message) error {
+	r := b.remote
+	r.mu.Lock()
+	rt := r.topicLocked(msg.Topic)
+	r.mu.Unlock()
+	pctx := ctx
+	if pctx == nil {
+		pctx = context.Background()
+	}
+	var cancel context.CancelFunc
+	if d := b.cfg.publishTimeout; d > 0 {
+		pctx, cancel = context.WithTimeout(pctx, d)
+	} else {
+		pctx, cancel = context.WithCancel(pctx)
+	}
+	err := r.t.Publish(pctx, msg)
+	cancel()
+	if err == nil {
+		rt.tally.published.Add(1)
+		if b.obs != nil {
+			b.obs.Published(PublishEvent{Topic: msg.Topic, MessageID: msg.ID, PublishedAt: msg.PublishedAt})
+		}
+		return nil
+	}
+	if !errors.Is(err, ErrQueueFull) && ctx != nil && ctx.Err() != nil {
+		err = fmt.Errorf("broker: publish %q to %q: %w (%w)", msg.ID, msg.Topic, ctx.Err(), err)
+	} else {
+		err = fmt.Errorf("broker: publish %q to %q: %w", msg.ID, msg.Topic, err)
+	}
+	if errors.Is(err, ErrQueueFull) || (ctx != nil && ctx.Err() != nil) {
+		rt.tally.rejected.Add(1)
+		if b.obs != nil {
+			b.obs.Rejected(RejectEvent{Topic: msg.Topic, MessageID: msg.ID, Err: err})
+		}
+	}
+	return err
+}
+
+// subscribeRemote subscribes through the transport.
+func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy RetryPolicy, h Handler) (*Subscription, error) {
+	switch {
+	case sc.laneSize != b.cfg.queueSize:
+		return nil, fmt.Errorf("%w: LaneSize is the in-memory transport's (subscribe %q to %q)", ErrInvalidOption, name, topicName)
+	case sc.whenFull != Block:
+		return nil, fmt.Errorf("%w: WhenLaneFull is the in-memory transport's (subscribe %q to %q)", ErrInvalidOption, name, topicName)
+	case sc.breaker != nil:
+		return nil, fmt.Errorf("%w: CircuitBreaker is the in-memory transport's (subscribe %q to %q)", ErrInvalidOption, name, topicName)
+	case sc.rate > 0:
+		return nil, fmt.Errorf("%w: RateLimit is the in-memory transport's (subscribe %q to %q)", ErrInvalidOption, name, topicName)
+	}
+	r := b.remote
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return nil, ErrClosed
+	}
+	r.mu.Lock()
+	rt := r.topicLocked(topicName)
+	if _, dup := rt.active[name]; dup {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w: %q on topic %q", ErrDuplicateSubscriber, name, topicName)
+	}
+	c := rt.tally.counter(name)
+	r.mu.Unlock()
+
+	s := &Subscription{b: b, topicName: topicName, name: name, c: c, workers: sc.concurrency,
+		done: make(chan struct{}), unsubbed: make(chan struct{}),
+		remote: &remoteSub{maxAttempts: policy.maxAttempts()},
+	}
+	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
+	s.pipe = pipeline{
+		handler: h, timeout: sc.timeout, policy: policy, dedup: b.dedup, plugins: b.guard,
+		rec: recorder{
+			topic: topicName, subscriber: name, c: c,
+			obs: b.obs, log: b.cfg.logger, dlq: b.dlq, newID: b.newDeadLetterID,
+			onDeadLetter: func(string) {}, stop: s.ctx.Done(),
+		},
+	}
+	if sc.budget != nil {
+		s.pipe.budget = newRetryBudget(*sc.budget)
+	}
+	if b.mem != nil {
+		s.pipe.mem, s.pipe.salt = b.mem, b.mem.salt(topicName, name)
+	}
+	ts, err := r.t.Subscribe(TransportSubscriber{
+		Topic: topicName, Name: name, Concurrency: sc.concurrency, Ordered: sc.ordered,
+		Deliver: s.deliverRemote,
+	})
+	if err != nil {
+		s.cancel(errReleased)
+		return nil, fmt.Errorf("broker: subscribe %q to %q: %w", name, topicName, err)
+	}
+	s.remote.ts = ts
+	r.mu.Lock()
+	rt.active[name] = s
+	r.mu.Unlock()
+	return s, nil
+}
+
+// maxAttempts is the most attempts the policy allows any code.
+func (p RetryPolicy) maxAttempts() int {
+	n := p.MaxRetries
+	for _, r := range p.ByCode {
+		n = max(n, r.MaxRetries)
+	}
+	return n + 1
+}
+
+// deliverRemote is the delivery engine over a transport's Delivery: the
+// dedup check, the attempt, and what follows, recorded as for the
+// in-memory transport; then the transport is told (Ack, Retry, Terminate).
+func (s *Subscription) deliverRemote(d Delivery) {
+	rs := s.remote
+	rs.running.Add(1)
+	defer rs.running.Done()
+	msg := d.Message()
+	c := s.c
+	redriven := d.Redriven()
+	if msg.Attempt <= 1 || redriven || !s.unpark() {
+		c.routed.Add(1) // new to this process
+	}
+	c.inFlight.Add(1)
+	defer c.inFlight.Add(-1)
+	if msg.Attempt < 1 || redriven {
+		msg.Attempt = 1
+	}
+	it := laneItem{env: envelope{msg: msg}, redriven: redriven}
+	var ref dedupRef
+	if s.pipe.dedup != nil {
+		ref = s.pipe.dedupKey(&it.env, redriven)
+		if !redriven && s.pipe.seen(&ref) {
+			s.pipe.rec.deduplicated(&it.env.msg)
+			s.tell("Ack", d.Ack())
+			return
+		}
+	}
+	if s.ctx.Err() != nil { // stopping at once: it stays with the transport
+		s.handBack(d)
+		return
+	}
+	m := &it.env.msg
+	if m.Attempt > rs.maxAttempts {
+		// Delivered more often than any rule allows: earlier attempts
+		// ended without an outcome (the process died during them, or the
+		// transport lost their acknowledgement). It is not run again.
+		f := brokerFault(CodeError, fmt.Errorf("broker: delivered %d times, more than the %d attempts the policy allows: earlier attempts ended without an outcome", m.Attempt, rs.maxAttempts))
+		s.terminate(d, m, 0, ReasonExhausted, f, false)
+		return
+	}
+	if s.pipe.budget != nil && m.Attempt == 1 {
+		s.pipe.budget.first(time.Now())
+	}
+	err, f, took := s.attemptKeptAlive(d, m)
+	if err == nil {
+		if s.pipe.dedup != nil {
+			s.pipe.record(&ref)
+		}
+		s.pipe.rec.delivered(m, took)
+		s.tell("Ack", d.Ack())
+		return
+	}
+	c.failed.Add(1)
+	st := s.pipe.judge(s.ctx, m, err, f, took)
+	if s.ctx.Err() != nil { // cut off by a stop: it stays with the transport
+		s.pipe.rec.retrying(m, st.took, 0, st.fault)
+		s.handBack(d)
+		return
+	}
+	if st.outcome == OutcomeRetry && s.pipe.budget != nil && !s.pipe.budget.spend(time.Now()) {
+		st.outcome, st.reason = OutcomeDeadLettered, ReasonBudget
+	}
+	if st.outcome == OutcomeDeadLettered {
+		s.terminate(d, m, st.took, st.reason, st.fault, true)
+		return
+	}
+	s.pipe.rec.retrying(m, st.took, st.delay, st.fault)
+	rs.parked.Add(1)
+	s.tell("Retry", d.Retry(st.delay))
+}
+
+// unpark counts a retry delivered back to this process; false if none was
+// waiting here (another process, or an earlier run, asked for it).
+func (s *Subscription) unpark() bool {
+	for {
+		n := s.remote.parked.Load()
+		if n <= 0 {
+			return false
+		}
+		if s.remote.parked.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
+}
+
+// handBack returns d to the transport at once, unfinished: counted as
+// queued there.
+func (s *Subscription) handBack(d Delivery) {
+	s.remote.parked.Add(1)
+	s.tell("Retry", d.Retry(0))
+}
+
+// terminate stores the dead letter of m, then terminates d; a dead letter
+// the store refused until the stop keeps the message with the transport.
+func (s *Subscription) terminate(d Delivery, m *Message, took time.Duration, reason string, f fault, attempted bool) {
+	rec := s.pipe.rec
+	if ider, ok := d.(DeadLetterIDer); ok {
+		if id := ider.DeadLetterID(); id != "" {
+			rec.newID = func() string { return id }
+		}
+	}
+	if err := rec.deadLetter(m, took, reason, f, attempted); err != nil {
+		s.handBack(d)
+		return
+	}
+	s.tell("Terminate", d.Terminate(reason))
+}
+
+// attemptKeptAlive runs the attempt, telling the transport the handler is
+// alive as often as it asks.
+func (s *Subscription) attemptKeptAlive(d Delivery, m *Message) (error, failure, time.Duration) {
+	every := d.KeepAliveEvery()
+	if every <= 0 {
+		return s.pipe.attempt(s.ctx, m)
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() { // ends when the attempt does
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				s.tell("KeepAlive", d.KeepAlive())
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		<-done
+	}()
+	return s.pipe.attempt(s.ctx, m)
+}
+
+// tell logs a transport's refusal of an acknowledgement: the transport
+// will deliver the message again, which at-least-once allows.
+func (s *Subscription) tell(op string, err error) {
+	if err == nil {
+		return
+	}
+	s.b.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "broker: transport refused "+op+"; the message may be delivered again",
+		slog.String("topic", s.topicName), slog.String("subscriber", s.name), slog.String("error", err.Error()))
+}
+
+// endRemote ends a transport's subscription once (Unsubscribe or Close);
+// a second call waits for the first and returns its result.
+func (s *Subscription) endRemote(ctx context.Context, cause error) error {
+	first := false
+	s.unsubOnce.Do(func() { first = true })
+	if !first {
+		select {
+		case <-s.unsubbed:
+			return s.unsubErr
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	s.unsubErr = s.stopRemote(ctx, cause)
+	close(s.unsubbed)
+	return s.unsubErr
+}
+
+// stopRemote stops the transport's subscription: graceful until ctx
+// ends, then handlers' contexts are cancelled (cause ErrUnsubscribed or
+// ErrClosed) and it waits at most ShutdownGrace more. Unfinished messages
+// stay with the transport.
+func (s *Subscription) stopRemote(ctx context.Context, cause error) error {
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.remote.ts.Stop(context.WithoutCancel(ctx)) }() // ends when no Deliver runs
+	var err error
+	select {
+	case err = <-stopped:
+	case <-ctx.Done():
+		s.cancel(cause)
+		grace := time.NewTimer(ShutdownGrace)
+		select {
+		case err = <-stopped:
+		case <-grace.C:
+			err = fmt.Errorf("broker: %s on %q: a handler ignored its cancelled context for %v: %w", s.name, s.topicName, ShutdownGrace, ctx.Err())
+		}
+		grace.Stop()
+	}
+	s.cancel(errReleased)
+	r := s.b.remote
+	r.mu.Lock()
+	if rt := r.topics[s.topicName]; rt != nil && rt.active[s.name] == s {
+		delete(rt.active, s.name)
+		rt.tally.left(s.name)
+	}
+	r.mu.Unlock()
+	return err
+}
+
+// closeRemote is Close with a transport.
+func (b *Broker) closeRemote(ctx context.Context) error {
+	r := b.remote
+	r.mu.Lock()
+	var subs []*Subscription
+	for _, rt := range r.topics {
+		for _, s := range rt.active {
+			subs = append(subs, s)
+		}
+	}
+	r.mu.Unlock()
+	errs := make([]error, len(subs))
+	var wg sync.WaitGroup
+	for i, s := range subs {
+		wg.Go(func() { errs[i] = s.endRemote(ctx, errShutdown) })
+	}
+	wg.Wait()
+	b.abort(errShutdown)
+	errs = append(errs, r.t.Close(ctx))
+	return errors.Join(errs...)
+}
+
+// statsRemote adds the transport's topics to st.
+func (b *Broker) statsRemote(st *Stats) {
+	r := b.remote
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for name, rt := range r.topics {
+		ts := TopicStats{
+			Published: rt.tally.published.Load(), Rejected: rt.tally.rejected.Load(),
+			Subscribers: make(map[string]SubscriberStats, len(rt.tally.subs)),
+		}
+		for sub, c := range rt.tally.subs {
+			ss := c.snapshot()
+			if s := rt.active[sub]; s != nil {
+				ss.Active, ss.Concurrency, ss.Breaker = true, s.workers, BreakerNone
+				ss.InFlight = int(c.inFlight.Load())
+				ss.Queued = int(max(s.remote.parked.Load(), 0))
+				ss.Parked = ss.Queued
+				if s.pipe.budget != nil {
+					ss.RetryBudgetLeft = s.pipe.budget.left(time.Now())
+				}
+			}
+			ts.Subscribers[sub] = ss
+		}
+		st.Topics[name] = ts
+	}
+}

@@ -1,0 +1,431 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeTransport is a Transport for tests: each subscriber has a queue and
+// Concurrency workers; Retry requeues after the delay with Attempt + 1. It
+// records what the broker told it.
+type fakeTransport struct {
+	mu       sync.Mutex
+	subs     map[string][]*fakeSub // by topic
+	told     []string              // "op id[#attempt] arg"
+	redrives []DeadLetter
+	closed   bool
+	full     bool          // Publish answers ErrQueueFull
+	every    time.Duration // KeepAliveEvery of its deliveries
+	dlIDs    bool          // deliveries name their dead letters
+	wg       sync.WaitGroup
+}
+
+type fakeSub struct {
+	tr    *fakeTransport
+	sub   TransportSubscriber
+	q     chan *fakeDelivery
+	stop  chan struct{}
+	once  sync.Once
+	wg    sync.WaitGroup
+	timer sync.WaitGroup
+}
+
+type fakeDelivery struct {
+	s        *fakeSub
+	msg      Message
+	redriven bool
+	done     atomic.Bool
+}
+
+func newFakeTransport() *fakeTransport { return &fakeTransport{subs: map[string][]*fakeSub{}} }
+
+func (tr *fakeTransport) note(format string, args ...any) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.told = append(tr.told, fmt.Sprintf(format, args...))
+}
+
+func (tr *fakeTransport) log() []string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return append([]string(nil), tr.told...)
+}
+
+func (tr *fakeTransport) Publish(ctx context.Context, msg Message) error {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if tr.full {
+		<-ctx.Done()
+		return fmt.Errorf("%w: fake stream full", ErrQueueFull)
+	}
+	for _, s := range tr.subs[msg.Topic] {
+		m := msg
+		m.Attempt = 1
+		s.q <- &fakeDelivery{s: s, msg: m}
+	}
+	return nil
+}
+
+func (tr *fakeTransport) Subscribe(sub TransportSubscriber) (TransportSubscription, error) {
+	if sub.Ordered {
+		return nil, fmt.Errorf("%w: fake: no Ordered", ErrInvalidOption)
+	}
+	s := &fakeSub{tr: tr, sub: sub, q: make(chan *fakeDelivery, 1024), stop: make(chan struct{})}
+	for range sub.Concurrency {
+		s.wg.Go(func() {
+			for {
+				select {
+				case <-s.stop:
+					return
+				case d := <-s.q:
+					sub.Deliver(d)
+					if !d.done.Load() {
+						panic("the broker returned from Deliver without Ack, Retry or Terminate")
+					}
+				}
+			}
+		})
+	}
+	tr.mu.Lock()
+	tr.subs[sub.Topic] = append(tr.subs[sub.Topic], s)
+	tr.mu.Unlock()
+	return s, nil
+}
+
+func (tr *fakeTransport) Redrive(_ context.Context, dl DeadLetter) error {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.redrives = append(tr.redrives, dl)
+	for _, s := range tr.subs[dl.Message.Topic] {
+		if s.sub.Name == dl.Subscriber {
+			m := dl.Message
+			m.Attempt = 1
+			s.q <- &fakeDelivery{s: s, msg: m, redriven: true}
+			return nil
+		}
+	}
+	return errors.New("fake: no such subscriber")
+}
+
+func (tr *fakeTransport) Close(context.Context) error {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.closed = true
+	return nil
+}
+
+func (s *fakeSub) Stop(ctx context.Context) error {
+	s.once.Do(func() { close(s.stop) })
+	s.wg.Wait()
+	s.timer.Wait()
+	s.tr.mu.Lock()
+	defer s.tr.mu.Unlock()
+	subs := s.tr.subs[s.sub.Topic]
+	for i, x := range subs {
+		if x == s {
+			s.tr.subs[s.sub.Topic] = append(subs[:i], subs[i+1:]...)
+		}
+	}
+	return nil
+}
+
+func (d *fakeDelivery) Message() Message { return d.msg }
+func (d *fakeDelivery) Redriven() bool   { return d.redriven }
+func (d *fakeDelivery) end(op, arg string) error {
+	if d.done.Swap(true) {
+		panic("a delivery was acknowledged twice")
+	}
+	d.s.tr.note("%s %s#%d%s", op, d.msg.ID, d.msg.Attempt, arg)
+	return nil
+}
+func (d *fakeDelivery) Ack() error { return d.end("ack", "") }
+func (d *fakeDelivery) Retry(delay time.Duration) error {
+	_ = d.end("retry", " "+delay.String())
+	next := &fakeDelivery{s: d.s, msg: d.msg}
+	next.msg.Attempt++
+	d.s.timer.Add(1)
+	time.AfterFunc(delay, func() {
+		defer d.s.timer.Done()
+		select {
+		case <-d.s.stop:
+		default:
+			d.s.q <- next
+		}
+	})
+	return nil
+}
+func (d *fakeDelivery) Terminate(reason string) error { return d.end("term", " "+reason) }
+func (d *fakeDelivery) KeepAliveEvery() time.Duration { return d.s.tr.every }
+func (d *fakeDelivery) KeepAlive() error {
+	d.s.tr.note("alive %s#%d", d.msg.ID, d.msg.Attempt)
+	return nil
+}
+
+type namedDelivery struct{ *fakeDelivery }
+
+func (d namedDelivery) DeadLetterID() string { return "fixed-" + d.msg.ID }
+
+func newTransportBroker(t *testing.T, tr *fakeTransport, opts ...Option) *Broker {
+	t.Helper()
+	base := []Option{WithLogger(discard), WithTransport(tr),
+		WithRetryPolicy(RetryPolicy{MaxRetries: 2, Backoff: ConstantBackoff(10 * time.Millisecond)})}
+	b, err := New(append(base, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close(context.Background()) })
+	return b
+}
+
+func TestTransportDeliveryOutcomes(t *testing.T) {
+	perm := errors.New("bad input")
+	tests := []struct {
+		name     string
+		handler  func(Message) error
+		told     []string
+		dlReason string
+	}{
+		{"delivered", func(Message) error { return nil }, []string{"ack m#1"}, ""},
+		{"retried, then delivered", func(m Message) error {
+			if m.Attempt < 3 {
+				return errors.New("flaky")
+			}
+			return nil
+		}, []string{"retry m#1 10ms", "retry m#2 10ms", "ack m#3"}, ""},
+		{"exhausted", func(Message) error { return codedError{"db"} },
+			[]string{"retry m#1 10ms", "retry m#2 10ms", "term m#3 exhausted"}, ReasonExhausted},
+		{"permanent", func(Message) error { return Permanent(perm) }, []string{"term m#1 permanent"}, ReasonPermanent},
+		{"panic", func(Message) error { panic("boom") }, []string{"term m#1 permanent"}, ReasonPermanent},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				tr := newFakeTransport()
+				b := newTransportBroker(t, tr)
+				c := &calls{}
+				_, err := b.Subscribe("t", "s", recording(c, tt.handler))
+				require.NoError(t, err)
+				require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t", Headers: map[string]string{"h": "v"}}))
+				time.Sleep(time.Second)
+				idle()
+				assert.Equal(t, tt.told, tr.log())
+				st := b.Stats()
+				requireConserved(t, st)
+				ss := st.Topics["t"].Subscribers["s"]
+				assert.Equal(t, uint64(1), ss.Routed)
+				assert.Equal(t, uint64(len(tt.told)), ss.Attempts)
+				assert.Equal(t, uint64(1), st.Topics["t"].Published)
+				dls := deadLetters(t, b)
+				if tt.dlReason == "" {
+					assert.Empty(t, dls)
+					assert.Equal(t, uint64(1), ss.Delivered)
+					return
+				}
+				require.Len(t, dls, 1)
+				assert.Equal(t, tt.dlReason, dls[0].Reason)
+				assert.Equal(t, len(tt.told), dls[0].Attempts)
+				assert.Equal(t, map[string]string{"h": "v"}, dls[0].Message.Headers)
+			})
+		})
+	}
+}
+
+func TestTransportDedupAndRedrive(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		tr := newFakeTransport()
+		b := newTransportBroker(t, tr)
+		fail := true
+		c := &calls{}
+		_, err := b.Subscribe("t", "s", recording(c, func(m Message) error {
+			if m.ID == "bad" && fail {
+				return Permanent(errors.New("no"))
+			}
+			return nil
+		}))
+		require.NoError(t, err)
+		for _, id := range []string{"m", "m", "bad"} {
+			require.NoError(t, b.Publish(context.Background(), Message{ID: id, Topic: "t"}))
+			idle()
+		}
+		assert.Equal(t, []string{"ack m#1", "ack m#1", "term bad#1 permanent"}, tr.log(), "the copy is acknowledged without running")
+		assert.Equal(t, []string{"m", "bad"}, c.ids())
+		dls := deadLetters(t, b)
+		require.Len(t, dls, 1)
+
+		fail = false
+		n, err := b.Redrive(context.Background(), dls[0].ID)
+		require.NoError(t, err)
+		assert.Equal(t, 1, n)
+		idle()
+		assert.Equal(t, "ack bad#1", tr.log()[3], "a redriven dead letter skips dedup and starts at attempt 1")
+		assert.Empty(t, deadLetters(t, b), "the redriven dead letter left the store")
+		ss := subStats(t, b, "t", "s")
+		assert.Equal(t, uint64(1), ss.Deduplicated)
+		assert.Equal(t, uint64(2), ss.Delivered)
+		requireConserved(t, b.Stats())
+	})
+}
+
+// A delivery counted past every rule's attempts ran in a process that died
+// during it: it is dead-lettered without running again.
+func TestTransportAttemptBeyondThePolicyIsNotRun(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		tr := newFakeTransport()
+		b := newTransportBroker(t, tr)
+		c := &calls{}
+		_, err := b.Subscribe("t", "s", okHandler(c))
+		require.NoError(t, err)
+		tr.mu.Lock()
+		s := tr.subs["t"][0]
+		tr.mu.Unlock()
+		s.q <- &fakeDelivery{s: s, msg: Message{ID: "poison", Topic: "t", Attempt: 4}}
+		idle()
+		assert.Zero(t, c.len())
+		assert.Equal(t, []string{"term poison#4 exhausted"}, tr.log())
+		dls := deadLetters(t, b)
+		require.Len(t, dls, 1)
+		assert.Contains(t, dls[0].Error, "delivered 4 times")
+		requireConserved(t, b.Stats())
+	})
+}
+
+func TestTransportKeepsLongHandlersAlive(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		tr := newFakeTransport()
+		tr.every = 10 * time.Second
+		b := newTransportBroker(t, tr)
+		_, err := b.Subscribe("t", "s", func(ctx context.Context, _ Message) error {
+			time.Sleep(35 * time.Second)
+			return nil
+		})
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t"}))
+		time.Sleep(time.Minute)
+		idle()
+		assert.Equal(t, []string{"alive m#1", "alive m#1", "alive m#1", "ack m#1"}, tr.log())
+	})
+}
+
+func TestTransportDeadLetterIDFromTheDelivery(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		tr := newFakeTransport()
+		b := newTransportBroker(t, tr)
+		_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return Permanent(errors.New("no")) })
+		require.NoError(t, err)
+		tr.mu.Lock()
+		s := tr.subs["t"][0]
+		tr.mu.Unlock()
+		s.sub.Deliver(namedDelivery{&fakeDelivery{s: s, msg: Message{ID: "m", Topic: "t", Attempt: 1}}})
+		dls := deadLetters(t, b)
+		require.Len(t, dls, 1)
+		assert.Equal(t, "fixed-m", dls[0].ID)
+	})
+}
+
+// Close cuts a running handler off at its deadline: the handler sees
+// ErrClosed, and the message stays with the transport (handed back, not
+// dead-lettered); the transport is closed.
+func TestTransportCloseLeavesUnfinishedMessages(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		tr := newFakeTransport()
+		b, err := New(WithLogger(discard), WithTransport(tr))
+		require.NoError(t, err)
+		var cause error
+		_, err = b.Subscribe("t", "s", func(ctx context.Context, _ Message) error {
+			<-ctx.Done()
+			cause = context.Cause(ctx)
+			return ctx.Err()
+		})
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t"}))
+		idle()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		require.NoError(t, b.Close(ctx))
+		require.ErrorIs(t, cause, ErrClosed)
+		assert.Equal(t, []string{"retry m#1 0s"}, tr.log())
+		assert.Empty(t, deadLetters(t, b))
+		assert.True(t, tr.closed)
+		ss := b.Stats().Topics["t"].Subscribers["s"]
+		assert.Equal(t, uint64(1), ss.Retries)
+		require.ErrorIs(t, b.Publish(context.Background(), Message{ID: "n", Topic: "t"}), ErrClosed)
+		require.NoError(t, b.Close(context.Background()), "a second Close returns the first's result")
+	})
+}
+
+func TestTransportUnsubscribe(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		tr := newFakeTransport()
+		b := newTransportBroker(t, tr)
+		c := &calls{}
+		sub, err := b.Subscribe("t", "s", okHandler(c))
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "a", Topic: "t"}))
+		idle()
+		require.NoError(t, sub.Unsubscribe(context.Background()))
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "b", Topic: "t"}))
+		idle()
+		assert.Equal(t, []string{"a"}, c.ids())
+		ss := b.Stats().Topics["t"].Subscribers["s"]
+		assert.False(t, ss.Active)
+		_, err = b.Subscribe("t", "s", okHandler(c))
+		require.NoError(t, err, "the name is free again")
+	})
+}
+
+func TestTransportRefusesLaneOptions(t *testing.T) {
+	tests := map[string]SubscribeOption{
+		"LaneSize":                  LaneSize(8),
+		"WhenLaneFull":              WhenLaneFull(DeadLetterNewest),
+		"CircuitBreaker":            CircuitBreaker(BreakerPolicy{}),
+		"RateLimit":                 RateLimit(10, 1),
+		"Ordered (the fake cannot)": Ordered(),
+	}
+	for name, opt := range tests {
+		t.Run(name, func(t *testing.T) {
+			b := newTransportBroker(t, newFakeTransport())
+			_, err := b.Subscribe("t", "s", okHandler(&calls{}), opt)
+			require.ErrorIs(t, err, ErrInvalidOption)
+			assert.Empty(t, b.Stats().Topics["t"].Subscribers["s"].Active)
+		})
+	}
+	_, err := New(WithTransport(nil))
+	require.ErrorIs(t, err, ErrInvalidOption)
+	_, err = New(WithTransport((*fakeTransport)(nil)))
+	require.ErrorIs(t, err, ErrInvalidOption)
+}
+
+func TestTransportFullGivesErrQueueFull(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		tr := newFakeTransport()
+		tr.full = true
+		b := newTransportBroker(t, tr, WithPublishTimeout(100*time.Millisecond))
+		start := time.Now()
+		err := b.Publish(context.Background(), Message{ID: "m", Topic: "t"})
+		require.ErrorIs(t, err, ErrQueueFull)
+		assert.Equal(t, 100*time.Millisecond, time.Since(start), "within the publish timeout")
+		assert.Equal(t, uint64(1), b.Stats().Topics["t"].Rejected)
+	})
+}
+
+func TestTransportRunsMiddlewareAndHooks(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		tr := newFakeTransport()
+		tc := &tracer{}
+		b := newTransportBroker(t, tr, WithMiddleware(tc.layer("A")),
+			WithPublishHook(func(_ context.Context, m *Message) error { m.Headers["hooked"] = "yes"; return nil }))
+		c := &calls{}
+		_, err := b.Subscribe("t", "s", okHandler(c))
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t"}))
+		idle()
+		assert.Equal(t, []string{"build A for t/s", "A> m#1", `<A m code=""`}, tc.lines())
+		assert.Equal(t, "yes", c.all()[0].Headers["hooked"])
+	})
+}
