@@ -40,7 +40,7 @@ type Broker struct {
 	dedup  IdempotencyStore // cfg.dedup, guarded against panics (unless it is the default kind)
 	obs    Observer         // cfg.obs, guarded against panics; nil: none
 	guard  guard
-	panics atomic.Uint64 // panics of plugged-in code, recovered
+	panics *atomic.Uint64 // panics of plugged-in code (the logger's included), recovered
 
 	closeDone   chan struct{} // closed when the first Close returned
 	closeErr    error         // the first Close's result, set before closeDone is closed
@@ -69,6 +69,8 @@ func New(opts ...Option) (*Broker, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
+	panics := new(atomic.Uint64)
+	cfg.logger = slog.New(guardedLogHandler{h: cfg.logger.Handler(), panics: panics})
 	if cfg.dlq == nil {
 		cfg.dlq = NewMemoryDeadLetterStore(DefaultDeadLetterCapacity, cfg.logger)
 	}
@@ -84,7 +86,8 @@ func New(opts ...Option) (*Broker, error) {
 		dlPrefix:  newDeadLetterPrefix(time.Now()),
 	}
 	b.mem, _ = cfg.dedup.(*MemoryIdempotencyStore)
-	b.guard = guard{panics: &b.panics, log: cfg.logger}
+	b.panics = panics
+	b.guard = guard{panics: panics, log: cfg.logger}
 	b.dlq = guardedDLQ{s: cfg.dlq, g: b.guard}
 	if cfg.dedup != nil && b.mem == nil {
 		b.dedup = guardedDedup{s: cfg.dedup, g: b.guard}

@@ -474,3 +474,46 @@ func TestFailingSeenDelivers(t *testing.T) {
 		assert.Zero(t, subStats(t, b, "t", "s").Deduplicated)
 	})
 }
+
+// panicLogHandler is a slog.Handler that panics at every record (or, with
+// inEnabled, already when asked whether a level is enabled).
+type panicLogHandler struct{ inEnabled bool }
+
+func (h panicLogHandler) Enabled(context.Context, slog.Level) bool {
+	if h.inEnabled {
+		panic("log handler: Enabled")
+	}
+	return true
+}
+func (panicLogHandler) Handle(context.Context, slog.Record) error { panic("log handler: Handle") }
+func (h panicLogHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
+func (h panicLogHandler) WithGroup(string) slog.Handler           { return h }
+
+// A logger whose handler panics is plugged-in code too: every message still
+// ends in exactly one state, and the panics are counted.
+func TestPanickingLogHandlerIsGuarded(t *testing.T) {
+	for _, inEnabled := range []bool{false, true} {
+		t.Run(fmt.Sprintf("inEnabled=%v", inEnabled), func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				b := newTestBroker(t, WithLogger(slog.New(panicLogHandler{inEnabled})))
+				c := &calls{}
+				_, err := b.Subscribe("t", "s", recording(c, func(m Message) error {
+					if m.ID == "bad" {
+						return Permanent(errBoom) // logged at Warn
+					}
+					return nil
+				}))
+				require.NoError(t, err)
+				publishN(t, b, "t", "ok", 3)
+				require.NoError(t, b.Publish(context.Background(), Message{ID: "bad", Topic: "t"}))
+				settle(t, b)
+				st := b.Stats()
+				requireConserved(t, st)
+				ss := st.Topics["t"].Subscribers["s"]
+				assert.Equal(t, uint64(3), ss.Delivered)
+				assert.Equal(t, uint64(1), ss.DeadLettered)
+				assert.NotZero(t, st.PluginPanics)
+			})
+		})
+	}
+}

@@ -13,7 +13,9 @@ type Stats struct {
 	// room (0 if the store does not count evictions).
 	DeadLetterEvicted uint64
 	// PluginPanics is how many panics of plugged-in code (stores, observer
-	// hooks, backoffs) were recovered; each was logged at Error level.
+	// hooks, backoffs, middleware, publish hooks, the logger's
+	// slog.Handler) were recovered; each was logged at Error level (but
+	// the logger's own).
 	PluginPanics uint64
 	// ForgottenTopics is how many retired topics' counters were dropped to
 	// keep at most MaxGoneTopics of them.

@@ -37,6 +37,53 @@ func (g guard) recovered(plugin, method string, v any) error {
 	return err
 }
 
+// guardedLogHandler is the user's slog.Handler with its panics recovered
+// and counted; they are not logged, the logger being what failed.
+type guardedLogHandler struct {
+	h      slog.Handler
+	panics *atomic.Uint64
+}
+
+func (g guardedLogHandler) Enabled(ctx context.Context, l slog.Level) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			g.panics.Add(1)
+			ok = false
+		}
+	}()
+	return g.h.Enabled(ctx, l)
+}
+
+func (g guardedLogHandler) Handle(ctx context.Context, r slog.Record) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			g.panics.Add(1)
+			err = fmt.Errorf("broker: slog.Handler.Handle panicked: %v", v)
+		}
+	}()
+	return g.h.Handle(ctx, r)
+}
+
+func (g guardedLogHandler) WithAttrs(attrs []slog.Attr) (h slog.Handler) {
+	defer func() {
+		if recover() != nil {
+			g.panics.Add(1)
+			h = g
+		}
+	}()
+	return guardedLogHandler{h: g.h.WithAttrs(attrs), panics: g.panics}
+}
+
+func (g guardedLogHandler) WithGroup(name string) (h slog.Handler) {
+	defer func() {
+		if recover() != nil {
+			g.panics.Add(1)
+			h = g
+		}
+	}()
+	return guardedLogHandler{h: g.h.WithGroup(name), panics: g.panics}
+}
+
 // isNilValue reports whether v is a typed nil (a nil pointer, map, slice,
 // func or channel in a non-nil interface), whose methods would panic.
 func isNilValue(v any) bool {
