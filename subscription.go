@@ -20,11 +20,11 @@ type Subscription struct {
 	topicName string
 	name      string
 	remote    *remoteSub // with a transport; nil: in-memory
-	lane    *lane
-	workers int
-	limiter *tokenBucket // nil: no rate limit
-	pipe    pipeline
-	c       *subCounters
+	lane      *lane
+	workers   int
+	limiter   *tokenBucket // nil: no rate limit
+	pipe      pipeline
+	c         *subCounters
 
 	ctx    context.Context         // handlers' base context; cancelled to stop at once
 	cancel context.CancelCauseFunc // with errShutdown or errUnsubscribed
