@@ -105,5 +105,19 @@
 // in flight. Logs use log/slog with the fields topic, message_id,
 // subscriber, attempt, error_code, retryable and final_state. An
 // [Observer] receives every event for metrics adapters; its hooks run on the
-// hot path and must not block.
+// hot path and must not block. [WithMiddleware] wraps every attempt (tracing,
+// auth, logging), and [WithPublishHook] decorates each message in Publish
+// with the publisher's context (trace context into Headers). Package
+// [github.com/inproc/broker/admin] is an admin page.
+//
+// # Transports
+//
+// The in-memory queues and lanes are the default transport. [WithTransport]
+// plugs in another (NATS JetStream, in module
+// github.com/inproc/broker/natsjs) for messages that survive restarts and
+// subscribers whose work is shared by several processes: the delivery
+// engine — dedup, attempts, classification, retries, dead letters, Stats,
+// Observer, logs — stays this package's, run over each [Delivery] the
+// transport hands it. Package [github.com/inproc/broker/brokertest] has the
+// conformance suites a transport or a store runs.
 package broker
