@@ -80,7 +80,9 @@ func (f DeadLetterFilter) Validate() error {
 // DeadLetterStore keeps dead letters. Implementations must be safe for
 // concurrent use; they may live outside this package (a database, Redis).
 // The broker calls Put from delivery goroutines with a context that is
-// never cancelled by shutdown, so a slow Put slows that subscriber.
+// never cancelled by shutdown, so a slow Put slows that subscriber. A Put
+// that fails is retried with backoff while the broker runs (holding the
+// message's key), unless its error wraps ErrDeadLetterRefused.
 type DeadLetterStore interface {
 	// Put stores dl; a dl with an ID already stored replaces it.
 	Put(ctx context.Context, dl DeadLetter) error

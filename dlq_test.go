@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -225,6 +226,44 @@ func TestDeadLetterStoreErrorsAreCountedAndLogged(t *testing.T) {
 		for _, want := range []string{"level=ERROR", "store_error=boom", "message_id=m", "key=k1", "subscriber=s", "error_code=error", "reason=exhausted", "published_at="} {
 			assert.Contains(t, buf.String(), want)
 		}
+	})
+}
+
+// refusingStore refuses every Put for good (ErrDeadLetterRefused), and
+// counts the calls.
+type refusingStore struct {
+	*MemoryDeadLetterStore
+	puts atomic.Int64
+}
+
+func (s *refusingStore) Put(context.Context, DeadLetter) error {
+	s.puts.Add(1)
+	return fmt.Errorf("%w: too large", ErrDeadLetterRefused)
+}
+
+// A Put refused for good is not retried: the worker goes on at once, the
+// dead letter is counted as an error and logged with every field.
+func TestDeadLetterRefusedForGoodIsNotRetried(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		store := &refusingStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil)}
+		b := newTestBroker(t, WithDeadLetterStore(store))
+		c := &calls{}
+		_, err := b.Subscribe("t", "s", recording(c, func(m Message) error {
+			if m.ID == "bad" {
+				return Permanent(errBoom)
+			}
+			return nil
+		}))
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "bad", Topic: "t", Key: "k"}))
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "next", Topic: "t", Key: "k"}))
+		settle(t, b)
+		assert.Equal(t, int64(1), store.puts.Load(), "not retried")
+		assert.Equal(t, []string{"bad", "next"}, c.ids(), "the key was not held")
+		ss := subStats(t, b, "t", "s")
+		assert.Equal(t, uint64(1), ss.DeadLettered)
+		assert.Equal(t, uint64(1), ss.DeadLetterErrors)
+		requireConserved(t, b.Stats())
 	})
 }
 

@@ -35,6 +35,12 @@ var (
 	// ErrLaneFull is the error of a dead letter shed from a subscriber's
 	// full lane (reason "overflow").
 	ErrLaneFull = errors.New("broker: subscriber lane full")
+	// ErrDeadLetterRefused is what a DeadLetterStore's Put wraps when
+	// trying again cannot help (the dead letter is too large for it, say):
+	// the broker then stops retrying the Put at once, and logs the dead
+	// letter with every field and counts it (DeadLetterErrors), as it does
+	// for a Put still failing at a stop's deadline.
+	ErrDeadLetterRefused = errors.New("broker: dead letter refused by the store")
 )
 
 // DrainError is returned by Close and Unsubscribe when their context ended

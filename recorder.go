@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 )
@@ -31,12 +32,13 @@ const (
 )
 
 // put stores dl, retrying with backoff while the store refuses it, until
-// the subscription must stop at once (Close's or Unsubscribe's deadline):
-// then the last error is returned. The worker (so the message's key) is
+// the subscription must stop at once (Close's or Unsubscribe's deadline)
+// or the store refuses it for good (ErrDeadLetterRefused): then the last
+// error is returned. The worker (so the message's key) is
 // held meanwhile: a dead letter is never dropped while the broker runs.
 func (r *recorder) put(dl *DeadLetter) error {
 	err := r.dlq.Put(context.Background(), *dl)
-	for retry := 1; err != nil; retry++ {
+	for retry := 1; err != nil && !errors.Is(err, ErrDeadLetterRefused); retry++ {
 		delay := exponential(putRetryBase, putRetryMax, retry)
 		if r.log.Enabled(context.Background(), slog.LevelWarn) {
 			r.log.LogAttrs(context.Background(), slog.LevelWarn, "broker: dead-letter store refused a dead letter; retrying",
@@ -53,7 +55,7 @@ func (r *recorder) put(dl *DeadLetter) error {
 		}
 		err = r.dlq.Put(context.Background(), *dl)
 	}
-	return nil
+	return err
 }
 
 func (r *recorder) attempted(msg *Message, d time.Duration, code string, retryable bool, out Outcome, delay time.Duration, err error) {

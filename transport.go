@@ -373,8 +373,8 @@ func (s *Subscription) terminate(d Delivery, m *Message, took time.Duration, rea
 			rec.newID = func() string { return id }
 		}
 	}
-	if err := rec.deadLetter(m, took, reason, f, attempted); err != nil {
-		s.handBack(d)
+	if err := rec.deadLetter(m, took, reason, f, attempted); err != nil && !errors.Is(err, ErrDeadLetterRefused) {
+		s.handBack(d) // the store failed until the stop: the transport keeps it
 		return
 	}
 	s.tell("Terminate", d.Terminate(reason))
