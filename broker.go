@@ -94,8 +94,16 @@ func New(opts ...Option) (*Broker, error) {
 	} else if b.mem != nil {
 		b.dedup = b.mem
 	}
-	if cfg.obs != nil {
-		b.obs = guardedObserver{o: cfg.obs, g: b.guard}
+	switch len(cfg.obs) {
+	case 0:
+	case 1:
+		b.obs = guardedObserver{o: cfg.obs[0], g: b.guard}
+	default:
+		m := make(observers, len(cfg.obs))
+		for i, o := range cfg.obs {
+			m[i] = guardedObserver{o: o, g: b.guard}
+		}
+		b.obs = m
 	}
 	b.abortCtx, b.abort = context.WithCancelCause(context.Background())
 	b.gone = newGoneTopics()

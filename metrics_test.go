@@ -171,3 +171,22 @@ func TestStatsRatios(t *testing.T) {
 	ts := TopicStats{Queued: 2, Subscribers: map[string]SubscriberStats{"a": s, "b": {Queued: 1}}}
 	assert.Equal(t, 8, ts.Backlog())
 }
+
+// Several observers each get every event, in order, and one that panics
+// loses its events only.
+func TestSeveralObservers(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		var first, second eventLog
+		b := newTestBroker(t, WithObserver(&first, panicObserver{}), WithObserver(&second))
+		_, err := b.Subscribe("t", "s", okHandler(&calls{}))
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t"}))
+		settle(t, b)
+		want := []string{"published t/m", `attempt t/s/m #1 code="" retryable=false outcome=delivered delay=0s published=true`}
+		assert.ElementsMatch(t, want, first.events)
+		assert.ElementsMatch(t, want, second.events)
+		assert.Equal(t, uint64(2), b.Stats().PluginPanics, "the panicking one's two events")
+	})
+	_, err := New(WithObserver(&eventLog{}, nil))
+	require.ErrorIs(t, err, ErrInvalidOption)
+}

@@ -26,7 +26,7 @@ type config struct {
 	dedup          IdempotencyStore
 	dedupSet       bool
 	logger         *slog.Logger
-	obs            Observer
+	obs            []Observer
 	middleware     []Middleware
 	publishHooks   []PublishHook
 	transport      Transport // nil: the in-memory queues
@@ -117,13 +117,18 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// WithObserver sets the metrics hooks (default: none). nil is refused.
-func WithObserver(o Observer) Option {
+// WithObserver adds observers (default: none): each gets every event, in
+// the order given (and of the WithObserver calls), so a Prometheus and an
+// OpenTelemetry adapter can watch one broker. Each is guarded on its own: a
+// panic in one loses that event for it only. nil is refused.
+func WithObserver(obs ...Observer) Option {
 	return func(c *config) error {
-		if o == nil || isNilValue(o) {
-			return fmt.Errorf("%w: nil observer (%T)", ErrInvalidOption, o)
+		for _, o := range obs {
+			if o == nil || isNilValue(o) {
+				return fmt.Errorf("%w: nil observer (%T)", ErrInvalidOption, o)
+			}
 		}
-		c.obs = o
+		c.obs = append(c.obs, obs...)
 		return nil
 	}
 }

@@ -209,6 +209,45 @@ func (o guardedObserver) BreakerChanged(e BreakerEvent) {
 	bo.BreakerChanged(e)
 }
 
+// observers fans events out to several guarded observers, in order.
+type observers []guardedObserver
+
+func (m observers) Published(e PublishEvent) {
+	for _, o := range m {
+		o.Published(e)
+	}
+}
+
+func (m observers) Rejected(e RejectEvent) {
+	for _, o := range m {
+		o.Rejected(e)
+	}
+}
+
+func (m observers) Unrouted(e UnroutedEvent) {
+	for _, o := range m {
+		o.Unrouted(e)
+	}
+}
+
+func (m observers) Attempted(e AttemptEvent) {
+	for _, o := range m {
+		o.Attempted(e)
+	}
+}
+
+func (m observers) DeadLettered(e DeadLetterEvent) {
+	for _, o := range m {
+		o.DeadLettered(e)
+	}
+}
+
+func (m observers) BreakerChanged(e BreakerEvent) {
+	for _, o := range m {
+		o.BreakerChanged(e)
+	}
+}
+
 // safeBackoff returns backoff(retry), or the default backoff's delay if it
 // panics.
 func (g guard) safeBackoff(backoff Backoff, retry int) (d time.Duration) {
