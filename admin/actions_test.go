@@ -189,6 +189,12 @@ func TestActionsRefused(t *testing.T) {
 			r.Header.Del("Origin")
 			return r
 		}, http.StatusSeeOther},
+		{"control: Origin null from the page itself (Referrer-Policy: no-referrer)", on, func() *http.Request {
+			r := form.postForm("/delete", ids("nope"))
+			r.Header.Set("Sec-Fetch-Site", "same-origin")
+			r.Header.Set("Origin", "null")
+			return r
+		}, http.StatusSeeOther},
 		{"control: trusted origin", on, func() *http.Request {
 			r := form.postForm("/delete", ids("nope"))
 			r.Header.Set("Sec-Fetch-Site", "cross-site")
@@ -238,9 +244,15 @@ func TestActionsRefused(t *testing.T) {
 			r.Header.Set("Origin", "http://evil.example")
 			return r
 		}, http.StatusForbidden},
-		{"Origin null", on, func() *http.Request {
+		{"Origin null without fetch metadata", on, func() *http.Request {
 			r := form.postForm("/delete", ids(id))
 			r.Header.Del("Sec-Fetch-Site")
+			r.Header.Set("Origin", "null")
+			return r
+		}, http.StatusForbidden},
+		{"Origin null, cross-site", on, func() *http.Request {
+			r := form.postForm("/delete", ids(id))
+			r.Header.Set("Sec-Fetch-Site", "cross-site")
 			r.Header.Set("Origin", "null")
 			return r
 		}, http.StatusForbidden},
