@@ -1,0 +1,132 @@
+package brokerprom_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/inproc/broker"
+	"github.com/inproc/broker/brokerprom"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// BenchmarkW1 is the bench suite's W1 (1 topic, 1 subscriber, no-op
+// handler, 64 B payload): publish b.N messages and wait until all are
+// delivered, without and with the collector as the broker's Observer. The
+// ratio of their ns/op is the collector's overhead (README.md).
+func BenchmarkW1(b *testing.B) {
+	for _, collector := range []bool{false, true} {
+		b.Run(fmt.Sprintf("collector=%v", collector), func(b *testing.B) {
+			opts := []broker.Option{broker.WithLogger(discard), broker.WithPublishTimeout(time.Minute)}
+			if collector {
+				c, err := brokerprom.New()
+				if err != nil {
+					b.Fatal(err)
+				}
+				opts = append(opts, broker.WithObserver(c))
+			}
+			br, err := broker.New(opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer func() { _ = br.Close(context.Background()) }()
+			var handled atomic.Int64
+			all := make(chan struct{})
+			n := int64(b.N)
+			if _, err := br.Subscribe("w1", "s", func(context.Context, broker.Message) error {
+				if handled.Add(1) == n {
+					close(all)
+				}
+				return nil
+			}); err != nil {
+				b.Fatal(err)
+			}
+			payload := make([]byte, 64)
+			ids := make([]string, b.N)
+			for i := range ids {
+				ids[i] = strconv.Itoa(i)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				if err := br.Publish(context.Background(), broker.Message{ID: ids[i], Topic: "w1", Payload: payload}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			<-all
+		})
+	}
+}
+
+// BenchmarkObserver is the hook alone, from parallel goroutines, on one
+// (topic, subscriber): the cost an attempt pays for the histograms.
+func BenchmarkObserver(b *testing.B) {
+	c, err := brokerprom.New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ev := broker.AttemptEvent{Topic: "t", Subscriber: "s", Attempt: 1, Duration: time.Millisecond,
+		Outcome: broker.OutcomeDelivered, PublishedAt: time.Now()}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			c.Attempted(ev)
+		}
+	})
+}
+
+// BenchmarkCollect is one scrape of a broker with 100 topics of 2
+// subscribers each, all with histogram series.
+func BenchmarkCollect(b *testing.B) {
+	c, err := brokerprom.New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	br, err := broker.New(broker.WithLogger(discard), broker.WithObserver(c))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = br.Close(context.Background()) }()
+	if err := c.Watch(br); err != nil {
+		b.Fatal(err)
+	}
+	for i := range 100 {
+		topic := fmt.Sprintf("t-%d", i)
+		for _, s := range []string{"a", "b"} {
+			if _, err := br.Subscribe(topic, s, func(context.Context, broker.Message) error { return nil }); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := br.Publish(context.Background(), broker.Message{ID: "m", Topic: topic}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := reg.Gather(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkObserverSerial is the hook alone from one goroutine: most of
+// its time is the two histograms' Observe and the clock read for the
+// end-to-end latency.
+func BenchmarkObserverSerial(b *testing.B) {
+	c, err := brokerprom.New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ev := broker.AttemptEvent{Topic: "t", Subscriber: "s", Attempt: 1, Duration: time.Millisecond,
+		Outcome: broker.OutcomeDelivered, PublishedAt: time.Now()}
+	b.ReportAllocs()
+	for range b.N {
+		c.Attempted(ev)
+	}
+}

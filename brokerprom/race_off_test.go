@@ -1,0 +1,5 @@
+//go:build !race
+
+package brokerprom_test
+
+const raceEnabled = false
