@@ -20,9 +20,9 @@
 //
 // [Telemetry.Options] is shorthand for
 // broker.WithPublishHook(t.PublishHook), broker.WithMiddleware(t.Middleware)
-// and broker.WithObserver(t). A broker takes one Observer: to combine the
-// Telemetry with another (a Prometheus collector), pass [Observers](t,
-// other) to broker.WithObserver instead.
+// and broker.WithObserver(t). Another adapter's observer (a Prometheus
+// collector) is added with its own broker.WithObserver: each gets every
+// event.
 //
 // # Traces
 //

@@ -99,9 +99,8 @@ func New(o Options) (*Telemetry, error) {
 //
 //	broker.New(append(t.Options(), broker.WithQueueSize(4096))...)
 //
-// A broker has one Observer (the last WithObserver wins): to combine t with
-// another, use the three options separately with WithObserver(Observers(t,
-// other)).
+// Other observers (the Prometheus collector) are added with their own
+// WithObserver: each gets every event.
 func (t *Telemetry) Options() []broker.Option {
 	return []broker.Option{
 		broker.WithPublishHook(t.PublishHook),
