@@ -223,6 +223,12 @@ func TestSuiteRejectsBadUse(t *testing.T) {
 		{"nil idempotency store", func(t tb) {
 			idempotencySuite(t, func(tb, time.Duration) broker.IdempotencyStore { return nil }, buildOptions(nil))
 		}, "newStore returned nil"},
+		{"nil broker", func(t tb) {
+			brokerSuite(t, func(tb, ...broker.Option) *broker.Broker { return nil }, buildOptions(nil))
+		}, "newBroker returned nil"},
+		{"negative wait timeout", func(t tb) {
+			brokerSuite(t, memBroker(), buildOptions([]Option{WaitTimeout(-time.Second)}))
+		}, "WaitTimeout"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := newRecorder()

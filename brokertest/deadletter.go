@@ -562,17 +562,31 @@ func diffDeadLetter(want, got broker.DeadLetter) []string {
 	field("Retryable", want.Retryable, got.Retryable)
 	field("Reason", want.Reason, got.Reason)
 	at("FailedAt", want.FailedAt, got.FailedAt)
-	wm, gm := want.Message, got.Message
-	field("Message.ID", wm.ID, gm.ID)
-	field("Message.Topic", wm.Topic, gm.Topic)
-	field("Message.Key", wm.Key, gm.Key)
-	if !bytes.Equal(wm.Payload, gm.Payload) {
-		d = append(d, fmt.Sprintf("Message.Payload = %q, want %q", gm.Payload, wm.Payload))
+	return append(d, diffMessage("Message.", want.Message, got.Message, true)...)
+}
+
+// diffMessage lists the fields in which got differs from want, each named
+// with prefix; PublishedAt only if withTime. A nil and an empty Payload or
+// Headers are the same; times are compared with Equal.
+func diffMessage(prefix string, want, got broker.Message, withTime bool) []string {
+	var d []string
+	field := func(name string, w, g any) {
+		if w != g {
+			d = append(d, fmt.Sprintf("%s%s = %#v, want %#v", prefix, name, g, w))
+		}
 	}
-	if !maps.Equal(wm.Headers, gm.Headers) {
-		d = append(d, fmt.Sprintf("Message.Headers = %q, want %q", gm.Headers, wm.Headers))
+	field("ID", want.ID, got.ID)
+	field("Topic", want.Topic, got.Topic)
+	field("Key", want.Key, got.Key)
+	if !bytes.Equal(want.Payload, got.Payload) {
+		d = append(d, fmt.Sprintf("%sPayload = %q, want %q", prefix, got.Payload, want.Payload))
 	}
-	field("Message.Attempt", wm.Attempt, gm.Attempt)
-	at("Message.PublishedAt", wm.PublishedAt, gm.PublishedAt)
+	if !maps.Equal(want.Headers, got.Headers) {
+		d = append(d, fmt.Sprintf("%sHeaders = %q, want %q", prefix, got.Headers, want.Headers))
+	}
+	field("Attempt", want.Attempt, got.Attempt)
+	if withTime && !want.PublishedAt.Equal(got.PublishedAt) {
+		d = append(d, fmt.Sprintf("%sPublishedAt = %v, want %v (compared with Equal)", prefix, got.PublishedAt, want.PublishedAt))
+	}
 	return d
 }

@@ -24,8 +24,13 @@ const (
 	DefaultExpiryTimeout = 10 * time.Second
 )
 
-// Option adjusts a suite to what a store documents. Options that do not
-// concern a suite are ignored by it.
+// DefaultWaitTimeout is how long the broker suite waits, by default, for
+// anything it expects to happen (a delivery, a retry, a dead letter, Close
+// to return) before it fails the subtest.
+const DefaultWaitTimeout = 10 * time.Second
+
+// Option adjusts a suite to what a store or a broker's transport documents.
+// Options that do not concern a suite are ignored by it.
 type Option func(*options)
 
 type expiryMode int
@@ -48,7 +53,9 @@ type options struct {
 	window         time.Duration // expiry test's window; 0: the mode's default
 	expiryTimeout  time.Duration // 0: DefaultExpiryTimeout
 	ignoresContext bool
-	invalid        []string // options given bad values, reported by the suite
+	noDedup        bool          // broker suite: skip the Dedup subtest
+	wait           time.Duration // broker suite: longest wait for an expected event; 0: DefaultWaitTimeout
+	invalid        []string      // options given bad values, reported by the suite
 }
 
 // ExpiresAfterRecord declares that the idempotency store forgets a key the
@@ -103,6 +110,30 @@ func IgnoresContext() Option {
 	return func(o *options) { o.ignoresContext = true }
 }
 
+// WithoutDedup tells the broker suite that the brokers it gets do not
+// suppress duplicates, so it skips its Dedup subtest. Use it for a broker
+// built with broker.WithIdempotencyStore(nil) (dedup off, for throughput),
+// or over a transport whose deployment turns its idempotency store off;
+// every other subtest still holds without dedup.
+func WithoutDedup() Option {
+	return func(o *options) { o.noDedup = true }
+}
+
+// WaitTimeout sets how long the broker suite waits for anything it expects
+// (a delivery, a retry, a dead letter, Close to return) before it fails the
+// subtest (DefaultWaitTimeout if 0). The suite never fails because something
+// took long within this bound, so raise it for a transport that may be slow
+// to deliver: a remote server or cluster, file storage on a busy disk, a
+// machine shared with other jobs. A negative d fails the suite.
+func WaitTimeout(d time.Duration) Option {
+	return func(o *options) {
+		o.wait = d
+		if d < 0 {
+			o.invalid = append(o.invalid, fmt.Sprintf("WaitTimeout(%v): negative", d))
+		}
+	}
+}
+
 func buildOptions(opts []Option) options {
 	var o options
 	for _, opt := range opts {
@@ -118,6 +149,9 @@ func buildOptions(opts []Option) options {
 	}
 	if o.expiryTimeout == 0 {
 		o.expiryTimeout = DefaultExpiryTimeout
+	}
+	if o.wait == 0 {
+		o.wait = DefaultWaitTimeout
 	}
 	return o
 }

@@ -24,6 +24,7 @@ type recorder struct {
 	failed   bool
 	children int
 	msgs     []string
+	cleanups []func()
 }
 
 // runLog collects the outcome of every (sub)test of one run, by full name.
@@ -52,6 +53,28 @@ func (r *recorder) Fatalf(f string, a ...any) {
 	runtime.Goexit()
 }
 
+func (r *recorder) Cleanup(f func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cleanups = append(r.cleanups, f)
+}
+
+// runCleanups runs the registered cleanups, the last registered first.
+func (r *recorder) runCleanups() {
+	for {
+		r.mu.Lock()
+		n := len(r.cleanups)
+		if n == 0 {
+			r.mu.Unlock()
+			return
+		}
+		f := r.cleanups[n-1]
+		r.cleanups = r.cleanups[:n-1]
+		r.mu.Unlock()
+		f()
+	}
+}
+
 func (r *recorder) fail(msg string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -74,6 +97,7 @@ func (r *recorder) run(name string, f func(tb)) bool {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		defer c.runCleanups()
 		defer cancel()
 		f(c)
 	}()
@@ -98,6 +122,7 @@ func runSuite(suite func(tb)) (*runLog, bool) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		defer r.runCleanups()
 		suite(r)
 	}()
 	<-done

@@ -16,6 +16,9 @@ type tb interface {
 	Fatalf(format string, args ...any)
 	Logf(format string, args ...any)
 	Context() context.Context
+	// Cleanup registers f to run when the test and its subtests are done,
+	// the last registered first.
+	Cleanup(f func())
 	// run runs f as a subtest called name and reports whether it passed.
 	run(name string, f func(t tb)) bool
 }
