@@ -118,8 +118,15 @@ func (s *Subscription) Unsubscribe(ctx context.Context) error {
 		ctx = context.Background()
 	}
 	if s.remote != nil {
-		return s.endRemote(ctx, errUnsubscribed)
+		return s.endOnce(ctx, func() error { return s.stopRemote(ctx, errUnsubscribed) })
 	}
+	return s.endOnce(ctx, func() error { return s.unsubscribeInMemory(ctx) })
+}
+
+// endOnce runs end, the subscription's end, once (Unsubscribe, or Close
+// with a transport); a second call waits for the first and returns its
+// result.
+func (s *Subscription) endOnce(ctx context.Context, end func() error) error {
 	first := false
 	s.unsubOnce.Do(func() { first = true })
 	if !first {
@@ -130,6 +137,13 @@ func (s *Subscription) Unsubscribe(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+	s.unsubErr = end()
+	close(s.unsubbed)
+	return s.unsubErr
+}
+
+// unsubscribeInMemory is Unsubscribe with the in-memory transport.
+func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 	t := s.t
 	t.leave(s) // owed: every message accepted before this call
 	select {
@@ -165,10 +179,9 @@ func (s *Subscription) Unsubscribe(ctx context.Context) error {
 	}
 	t.mu.Unlock()
 	if n := s.unsubDLs.Load(); n > 0 {
-		s.unsubErr = &DrainError{Reason: ReasonUnsubscribed, DeadLettered: int(n), Abandoned: int(s.abandoned.Load()), Err: ctx.Err()}
+		return &DrainError{Reason: ReasonUnsubscribed, DeadLettered: int(n), Abandoned: int(s.abandoned.Load()), Err: ctx.Err()}
 	}
-	close(s.unsubbed)
-	return s.unsubErr
+	return nil
 }
 
 // stopNow dead-letters every message waiting in the lane, after its

@@ -418,24 +418,6 @@ func (s *Subscription) tell(op string, err error) {
 		slog.String("topic", s.topicName), slog.String("subscriber", s.name), slog.String("error", err.Error()))
 }
 
-// endRemote ends a transport's subscription once (Unsubscribe or Close);
-// a second call waits for the first and returns its result.
-func (s *Subscription) endRemote(ctx context.Context, cause error) error {
-	first := false
-	s.unsubOnce.Do(func() { first = true })
-	if !first {
-		select {
-		case <-s.unsubbed:
-			return s.unsubErr
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	s.unsubErr = s.stopRemote(ctx, cause)
-	close(s.unsubbed)
-	return s.unsubErr
-}
-
 // stopRemote stops the transport's subscription: graceful until ctx
 // ends, then handlers' contexts are cancelled (cause ErrUnsubscribed or
 // ErrClosed) and it waits at most ShutdownGrace more. Unfinished messages
@@ -481,7 +463,7 @@ func (b *Broker) closeRemote(ctx context.Context) error {
 	errs := make([]error, len(subs))
 	var wg sync.WaitGroup
 	for i, s := range subs {
-		wg.Go(func() { errs[i] = s.endRemote(ctx, errShutdown) })
+		wg.Go(func() { errs[i] = s.endOnce(ctx, func() error { return s.stopRemote(ctx, errShutdown) }) })
 	}
 	wg.Wait()
 	b.abort(errShutdown)
