@@ -46,7 +46,7 @@ func TestMemoryIdempotencyStore(t *testing.T) {
 }
 
 func TestMemoryIdempotencyStoreIsBounded(t *testing.T) {
-	tests := []struct{ max, wantCap, record int }{{1, 1, 20}, {3, 3, 100}, {100, 100, 1000}, {1000, 1000, 5000}}
+	tests := []struct{ max, wantCap, record int }{{1, 8, 20}, {3, 8, 100}, {100, 100, 1000}, {1000, 1000, 5000}}
 	for _, tt := range tests {
 		t.Run(fmt.Sprint(tt.max), func(t *testing.T) {
 			ctx := context.Background()
@@ -361,17 +361,24 @@ func TestMemoryIdempotencyStoreConcurrentInvariants(t *testing.T) {
 				}
 			})
 			assert.Zero(t, wrong.Load(), "keys found at dates outside the window of any date they were recorded at")
-			held := 0
-			for i := range s.shards {
-				sh := &s.shards[i]
-				held += len(sh.at)
-				assert.Len(t, sh.order, len(sh.at), "shard %d: its ring and its map disagree", i)
-				for _, k := range sh.order {
-					assert.Contains(t, sh.at, k, "shard %d", i)
+			buckets := s.table()
+			for i := range buckets {
+				empty := false
+				for x := range buckets[i] {
+					e := &buckets[i][x]
+					tag, at := e.tag.Load(), e.at.Load()
+					switch {
+					case tag == 0:
+						empty = true
+						assert.Zero(t, at, "bucket %d slot %d: empty with a date", i, x)
+					case tag == dedupBusy:
+						t.Errorf("bucket %d slot %d left busy", i, x)
+					default:
+						assert.False(t, empty, "bucket %d slot %d filled after an empty one", i, x)
+						assert.Positive(t, at, "bucket %d slot %d", i, x)
+					}
 				}
 			}
-			assert.LessOrEqual(t, held, s.Cap())
-			assert.Equal(t, int64(held), s.filled.Load())
 		})
 	}
 }
@@ -422,20 +429,9 @@ func TestDedupTableIsAllocatedOnFirstUse(t *testing.T) {
 	seen, err := store.Seen(context.Background(), DeliveryKey{MessageID: "m"})
 	require.NoError(t, err)
 	assert.False(t, seen)
-	maps := 0
-	for i := range store.shards {
-		if store.shards[i].at != nil {
-			maps++
-		}
-	}
-	assert.Zero(t, maps, "a lookup allocates nothing")
+	assert.Nil(t, store.tab.Load(), "a lookup allocates nothing")
 	require.NoError(t, store.Record(context.Background(), DeliveryKey{MessageID: "m"}))
 	seen, _ = store.Seen(context.Background(), DeliveryKey{MessageID: "m"})
 	assert.True(t, seen)
-	for i := range store.shards {
-		if store.shards[i].at != nil {
-			maps++
-		}
-	}
-	assert.Equal(t, 1, maps, "the first record makes its shard's map only")
+	assert.Equal(t, DefaultDedupEntries/dedupWays, len(*store.tab.Load()))
 }
