@@ -72,8 +72,9 @@ const dispatchBatch = 64
 func (t *topic) dispatch() {
 	defer t.b.wg.Done()
 	var r batchRoute
+	var buf [dispatchBatch]envelope
 	for {
-		envs, ok := t.q.TakeWait(t.kick, dispatchBatch)
+		envs, ok := t.q.TakeWait(t.kick, buf[:])
 		if !ok {
 			if t.q.Closed() {
 				break // closed by Close (or retired): drained
@@ -160,8 +161,8 @@ func (r *batchRoute) reset(snap *[]*Subscription, base uint64, n int) {
 }
 
 // routeBatch hands a batch of messages, in order, to every current
-// subscriber, then takes them from the topic queue (envs is its view:
-// read only, and not after they are taken). Each subscriber first
+// subscriber, then takes them from the topic queue (envs is the
+// dispatcher's copy of them). Each subscriber first
 // takes what fits in its lane under one lock; where a lane is full (or
 // closed) the batch goes on message by message, waiting for room
 // (backpressure), and following subscribers who join or leave meanwhile. A

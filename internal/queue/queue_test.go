@@ -65,13 +65,13 @@ func TestViewKeepsItemsQueuedUntilTaken(t *testing.T) {
 	q := New[string](2)
 	require.NoError(t, q.TryPush("a"))
 	require.NoError(t, q.TryPush("b"))
-	view, ok := q.TakeWait(nil, 1)
+	view, ok := take(q, nil, 1)
 	require.True(t, ok)
 	assert.Equal(t, []string{"a"}, view, "at most max")
 	assert.Equal(t, 2, q.Snapshot().Len, "an item in a view still counts")
 	q.Taken()
 	assert.Equal(t, 1, q.Snapshot().Len)
-	view, ok = q.TakeWait(nil, 2)
+	view, ok = take(q, nil, 2)
 	require.True(t, ok)
 	assert.Equal(t, []string{"b"}, view)
 	q.TakenN(0) // no-op
@@ -86,11 +86,11 @@ func TestCloseDrains(t *testing.T) {
 	q.Close() // idempotent
 	assert.ErrorIs(t, q.TryPush(2), ErrClosed)
 	assert.ErrorIs(t, q.PushWait(2, nil, nil, nil), ErrClosed)
-	view, ok := q.TakeWait(nil, 4)
+	view, ok := take(q, nil, 4)
 	require.True(t, ok, "queued items outlive Close")
 	assert.Equal(t, []int{1}, view)
 	q.Taken()
-	_, ok = q.TakeWait(nil, 4)
+	_, ok = take(q, nil, 4)
 	assert.False(t, ok, "closed and empty")
 }
 
@@ -151,7 +151,7 @@ func TestManyProducersOneConsumer(t *testing.T) {
 			last[i] = -1
 		}
 		for got := 0; got < producers*each; {
-			view, ok := q.TakeWait(nil, 5)
+			view, ok := take(q, nil, 5)
 			require.True(t, ok)
 			for _, v := range view { // producers wait for room meanwhile
 				require.Equal(t, last[v[0]]+1, v[1], "per-producer order")
@@ -161,7 +161,7 @@ func TestManyProducersOneConsumer(t *testing.T) {
 			}
 		}
 		q.Close()
-		_, ok := q.TakeWait(nil, 5)
+		_, ok := take(q, nil, 5)
 		assert.False(t, ok)
 	})
 }
@@ -174,10 +174,10 @@ func TestTakeWaitStops(t *testing.T) {
 			time.Sleep(time.Second)
 			close(stop)
 		}()
-		_, ok := q.TakeWait(stop, 1)
+		_, ok := take(q, stop, 1)
 		assert.False(t, ok)
 		require.NoError(t, q.TryPush(1))
-		view, ok := q.TakeWait(stop, 1)
+		view, ok := take(q, stop, 1)
 		assert.True(t, ok, "an item is reported even when stopped")
 		assert.Equal(t, []int{1}, view)
 	})
@@ -195,8 +195,8 @@ func TestViewAcrossWrap(t *testing.T) {
 		require.NoError(t, q.TryPush(i))
 	}
 	view := takeView(t, q, 6)
-	assert.Equal(t, []int{5, 6, 7}, view, "the view stops at the ring's end")
-	assert.Equal(t, 8, q.Snapshot().Len, "items in a view stay queued")
+	assert.Equal(t, []int{5, 6, 7, 8, 9, 10}, view, "a batch goes on past the ring's end")
+	assert.Equal(t, 8, q.Snapshot().Len, "items in a batch stay queued")
 	q.TakenN(3)
 	assert.Equal(t, []int{8, 9, 10, 11}, takeView(t, q, 4))
 	q.TakenN(1)
@@ -211,9 +211,14 @@ func TestViewAcrossWrap(t *testing.T) {
 
 func takeView[T any](t *testing.T, q *Queue[T], max int) []T {
 	t.Helper()
-	view, ok := q.TakeWait(nil, max)
+	view, ok := take(q, nil, max)
 	require.True(t, ok)
 	return view
+}
+
+// take is TakeWait into a new buffer of max items.
+func take[T any](q *Queue[T], stop <-chan struct{}, max int) ([]T, bool) {
+	return q.TakeWait(stop, make([]T, max))
 }
 
 // A view stays valid and unchanged while producers push and the ring grows
@@ -248,7 +253,7 @@ func TestTakeWait(t *testing.T) {
 			q.Close()
 		}()
 		start := time.Now()
-		view, ok := q.TakeWait(nil, 2)
+		view, ok := take(q, nil, 2)
 		require.True(t, ok)
 		assert.Equal(t, time.Second, time.Since(start))
 		assert.Equal(t, []int{1, 2}, view, "at most max")
@@ -263,24 +268,20 @@ func TestTakeWait(t *testing.T) {
 		require.NoError(t, q.TryPush(5), "a taken item's slot is free for a producer")
 		assert.ErrorIs(t, q.TryPush(6), ErrFull)
 
-		view, ok = q.TakeWait(nil, 8)
+		view, ok = take(q, nil, 8)
 		require.True(t, ok)
-		assert.Equal(t, []int{2, 3, 4}, view, "the view stops at the ring's end")
+		assert.Equal(t, []int{2, 3, 4, 5}, view, "a batch goes on past the ring's end")
 		for range view {
 			q.Taken()
 		}
-		view, ok = q.TakeWait(nil, 8)
-		require.True(t, ok)
-		assert.Equal(t, []int{5}, view)
-		q.Taken()
-		_, ok = q.TakeWait(nil, 8)
+		_, ok = take(q, nil, 8)
 		assert.False(t, ok, "closed and empty")
 		assert.Equal(t, 2*time.Second, time.Since(start))
 		assert.Equal(t, 0, q.Snapshot().Len)
 
 		stop := make(chan struct{})
 		close(stop)
-		_, ok = New[int](1).TakeWait(stop, 1)
+		_, ok = take(New[int](1), stop, 1)
 		assert.False(t, ok, "stopped")
 	})
 }
@@ -291,7 +292,7 @@ func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		q := New[int](1)
 		require.NoError(t, q.TryPush(1))
-		view, ok := q.TakeWait(nil, 1)
+		view, ok := take(q, nil, 1)
 		require.True(t, ok)
 		require.Equal(t, []int{1}, view)
 		assert.ErrorIs(t, q.TryPush(2), ErrFull, "not taken yet")
@@ -300,13 +301,13 @@ func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 		done := make(chan error)
 		go func() { done <- q.PushWait(3, nil, nil, nil) }()
 		synctest.Wait()
-		view, ok = q.TakeWait(nil, 1)
+		view, ok = take(q, nil, 1)
 		require.True(t, ok)
 		require.Equal(t, []int{2}, view)
 		q.Taken() // a producer waits: settles at once
 		assert.NoError(t, <-done, "room while the consumer works on the item it took")
 		assert.Equal(t, 1, q.Snapshot().Len)
-		view, ok = q.TakeWait(nil, 1)
+		view, ok = take(q, nil, 1)
 		require.True(t, ok)
 		assert.Equal(t, []int{3}, view)
 	})
