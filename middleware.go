@@ -167,6 +167,15 @@ func WithPublishHook(hooks ...PublishHook) Option {
 // not an error of the message.
 var errHookPanicked = errors.New("broker: publish hook panicked")
 
+// hooked returns msg as the publish hooks leave it.
+func (b *Broker) hooked(ctx context.Context, msg Message) (Message, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	err := b.runPublishHooks(ctx, &msg)
+	return msg, err
+}
+
 // runPublishHooks gives msg its own Headers and runs the hooks on it. It
 // returns the first hook error, wrapped.
 func (b *Broker) runPublishHooks(ctx context.Context, msg *Message) error {
