@@ -40,3 +40,26 @@ func TestIdempotencyStoreConformance(t *testing.T) {
 		return s
 	}, brokertest.ExpiresAfterRecord(time.Second))
 }
+
+// The broker's conformance suite over the JetStream transport: every
+// subtest gets a broker of its own (a Transport on one shared embedded
+// server, with the stream dead-letter and KV dedup stores), once with the
+// default single partition and once with four.
+func TestBrokerConformance(t *testing.T) {
+	for _, parts := range []int{1, 4} {
+		t.Run(fmt.Sprintf("partitions=%d", parts), func(t *testing.T) {
+			conn := embedded(t, "")
+			dlq, dedup := stores(t, conn)
+			brokertest.TestBroker(t, func(t *testing.T, opts ...broker.Option) *broker.Broker {
+				b, err := natsjs.New(t.Context(), conn.JetStream(), natsjs.Config{
+					Transport:   []natsjs.TransportOption{natsjs.WithPartitions(parts), natsjs.WithLogger(discardLogger)},
+					DeadLetters: dlq, Dedup: dedup,
+				}, opts...)
+				if err != nil {
+					t.Fatalf("natsjs.New: %v", err)
+				}
+				return b
+			})
+		})
+	}
+}

@@ -74,3 +74,43 @@ func Example() {
 	// Output:
 	// order-1 at billing: permanent: card declined (permanent, 1 attempt)
 }
+
+// A broker whose messages are kept by a NATS server embedded in the
+// process, in files under a directory: the one-line change from
+// broker.New.
+func ExampleOpen() {
+	dir, err := os.MkdirTemp("", "natsjs-open")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	quiet := broker.WithLogger(slog.New(slog.DiscardHandler))
+	cfg := natsjs.Config{Logger: slog.New(slog.DiscardHandler)}
+	ctx := context.Background()
+
+	b, err := natsjs.Open(dir, cfg, quiet) // was: broker.New(quiet)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	got := make(chan broker.Message)
+	if _, err := b.Subscribe("orders", "billing", func(_ context.Context, m broker.Message) error {
+		got <- m
+		return nil
+	}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := b.Publish(ctx, broker.Message{ID: "order-1", Topic: "orders", Payload: []byte(`{"total":42}`)}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	m := <-got
+	fmt.Printf("%s: %s (attempt %d)\n", m.ID, m.Payload, m.Attempt)
+	if err := b.Close(ctx); err != nil { // also shuts the embedded server down
+		fmt.Println(err)
+	}
+	// Output:
+	// order-1: {"total":42} (attempt 1)
+}

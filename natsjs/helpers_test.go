@@ -2,6 +2,7 @@ package natsjs_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -43,3 +44,5 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+var discardLogger = slog.New(slog.DiscardHandler)

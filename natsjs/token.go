@@ -2,6 +2,7 @@ package natsjs
 
 import (
 	"crypto/sha256"
+	"encoding/base32"
 	"encoding/base64"
 	"fmt"
 	"strings"
@@ -54,4 +55,53 @@ func validName(what, name string) error {
 		}
 	}
 	return nil
+}
+
+// maxPlainTopicName is the longest topic or subscriber name (in bytes)
+// that nameToken keeps as it is.
+const maxPlainTopicName = 48
+
+// maxEncodedTopicName is the longest name nameToken encodes in base32
+// rather than hashing it.
+const maxEncodedTopicName = 30
+
+// lowerBase32 is base32 with the extended-hex alphabet in lower case and
+// no padding: digits and a-v only.
+var lowerBase32 = base32.NewEncoding("0123456789abcdefghijklmnopqrstuv").WithPadding(base32.NoPadding)
+
+// nameToken encodes a topic or subscriber name for the transport's stream
+// names, consumer names and subject tokens, all of which JetStream also
+// uses as file names: so the result is lower case (two names never meet on
+// a case-insensitive file system), at most 50 bytes, and made of a-z, 0-9,
+// '_' and '-' only.
+//
+//   - a name of 1 to 48 bytes of a-z, 0-9, '_' and '-' that starts with a
+//     letter or digit is kept as it is ("orders", "order_created");
+//   - another name of at most 30 bytes is "_b" and its base32;
+//   - a longer one is "_h" and the base32 of the first 20 bytes of its
+//     SHA-256.
+//
+// A kept name never starts with '_', so the three forms cannot meet.
+func nameToken(name string) string {
+	if plainTopicName(name) {
+		return name
+	}
+	if len(name) <= maxEncodedTopicName {
+		return "_b" + lowerBase32.EncodeToString([]byte(name))
+	}
+	sum := sha256.Sum256([]byte(name))
+	return "_h" + lowerBase32.EncodeToString(sum[:20])
+}
+
+func plainTopicName(name string) bool {
+	if name == "" || len(name) > maxPlainTopicName || name[0] == '-' || name[0] == '_' {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }

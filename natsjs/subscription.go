@@ -1,0 +1,473 @@
+package natsjs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/inproc/broker"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// subscription is one subscriber's share of the work in this process: a
+// pull loop per partition of the topic, each on the partition's durable
+// consumer, handing each message to the broker (sub.Deliver), at most
+// sub.Concurrency at once over the partitions.
+type subscription struct {
+	t     *Transport
+	ts    *topicState
+	sub   broker.TransportSubscriber
+	slots chan struct{} // a slot per running Deliver; nil when every partition may run at once
+	loops []*partitionLoop
+
+	stopping chan struct{} // closed by Stop
+	stopOnce sync.Once
+	wg       sync.WaitGroup // the pull loops
+	done     chan struct{}  // closed when every loop has returned
+}
+
+// Subscribe creates (or updates) the subscriber's durable consumer of each
+// of the topic's partitions, delivering what is published from now on, or
+// resuming from where the consumer is when it exists (another process
+// subscribed under the name shares it), and starts pulling. Ordered is
+// refused (broker.ErrInvalidOption) on a topic with more than one
+// partition: a single partition is strictly ordered through retries
+// already.
+func (t *Transport) Subscribe(sub broker.TransportSubscriber) (broker.TransportSubscription, error) {
+	if sub.Deliver == nil || sub.Concurrency < 1 {
+		return nil, fmt.Errorf("%w: natsjs: subscribe %q to %q: no Deliver or Concurrency < 1", broker.ErrInvalidOption, sub.Name, sub.Topic)
+	}
+	ctx := context.Background() // each call is bounded by the JetStream API's default timeout
+	ts, err := t.topic(ctx, sub.Topic, true)
+	if err != nil {
+		return nil, err
+	}
+	if sub.Ordered && ts.parts > 1 {
+		return nil, fmt.Errorf("%w: natsjs: Ordered needs a topic of one partition; %q has %d (keyed messages are ordered by Key in every partition)",
+			broker.ErrInvalidOption, sub.Topic, ts.parts)
+	}
+	s := &subscription{t: t, ts: ts, sub: sub, stopping: make(chan struct{}), done: make(chan struct{})}
+	if sub.Concurrency < ts.parts {
+		s.slots = make(chan struct{}, sub.Concurrency)
+	}
+	for p := range ts.parts {
+		l, err := s.newLoop(ctx, p)
+		if err != nil {
+			for _, l := range s.loops {
+				l.close()
+			}
+			return nil, err
+		}
+		s.loops = append(s.loops, l)
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		for _, l := range s.loops {
+			l.close()
+		}
+		return nil, errClosed
+	}
+	t.subs[s] = struct{}{}
+	t.mu.Unlock()
+	s.wg.Add(len(s.loops))
+	for _, l := range s.loops {
+		go l.run()
+	}
+	return s, nil
+}
+
+// consumerConfig is the configuration of the durable consumer of
+// partition p.
+func (s *subscription) consumerConfig(p int, name string) jetstream.ConsumerConfig {
+	ts := s.ts
+	return jetstream.ConsumerConfig{
+		Durable: name,
+		Description: fmt.Sprintf("inproc broker subscriber %s of topic %s, partition %d of %d",
+			strconv.Quote(s.sub.Name), strconv.Quote(ts.topic), p, ts.parts),
+		DeliverPolicy:  jetstream.DeliverNewPolicy,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        s.t.cfg.ackWait,
+		MaxDeliver:     -1, // the broker enforces its retry policy
+		MaxAckPending:  1,  // one message of the partition at a time, across every process
+		FilterSubjects: []string{ts.msgSubject(p), ts.redriveSubject(s.sub.Name, p)},
+		Metadata:       map[string]string{metaTopic: ts.topic, metaSubscriber: s.sub.Name},
+	}
+}
+
+// Buffer of a pull loop's inbox: a pull has at most one message and a few
+// status messages in flight, so it never fills (a full one would drop).
+const inboxBuffer = 64
+
+// partitionLoop pulls from one partition's durable consumer, one message
+// at a time, on an inbox of its own.
+//
+// It does not use the jetstream package's Consume or Messages: their
+// client-side count of the messages still to come from outstanding pulls
+// drifts under load when every message waits for an acknowledgement
+// (MaxAckPending 1) and the handler makes requests of its own (the broker's
+// dedup store), and the consumer then stalls, no pull at the server, until
+// two heartbeats are missed (reproduced here with nats.go v1.55.0: 6 of 16
+// runs of 10,000 messages stalled 5 s; TestNoStallUnderLoad). This loop
+// has one pull outstanding and sends the next when the previous ended (a
+// message, the server's end-of-pull status, a reconnect, or two missed
+// heartbeats), so there is no count to drift. Each pull has a reply subject
+// of its own, so that the end of a pull given up on but still at the
+// server is not taken for the current pull's: such extra pulls expire
+// without being replaced.
+type partitionLoop struct {
+	s      *subscription
+	p      int
+	name   string // the durable consumer
+	nc     *nats.Conn
+	next   string // the pull request subject
+	pull   []byte // the pull request
+	inbox  chan *nats.Msg
+	prefix string // of the inbox subjects: each pull has its own, prefix + "." + a number
+	sub    *nats.Subscription
+	closed chan struct{}    // closed by the inbox subscription's closed handler
+	status chan nats.Status // reconnections
+	hb     time.Duration    // the server's heartbeat interval during a pull
+	cfg    jetstream.ConsumerConfig
+}
+
+// newLoop creates or updates partition p's consumer and subscribes the
+// loop's inbox.
+func (s *subscription) newLoop(ctx context.Context, p int) (*partitionLoop, error) {
+	name := durableName(s.sub.Name, p)
+	cfg := s.consumerConfig(p, name)
+	if _, err := s.t.js.CreateOrUpdateConsumer(ctx, s.ts.stream, cfg); err != nil {
+		return nil, fmt.Errorf("natsjs: consumer %s on stream %s (subscriber %q of %q): %w", name, s.ts.stream, s.sub.Name, s.ts.topic, err)
+	}
+	exp := s.t.cfg.pullExpiry
+	req, err := json.Marshal(struct {
+		Batch     int           `json:"batch"`
+		Expires   time.Duration `json:"expires"`
+		Heartbeat time.Duration `json:"idle_heartbeat"`
+	}{1, exp, exp / 2})
+	if err != nil {
+		return nil, err
+	}
+	prefix := s.t.js.Options().APIPrefix
+	if prefix == "" {
+		prefix = jetstream.DefaultAPIPrefix
+	}
+	if !strings.HasSuffix(prefix, ".") {
+		prefix += "."
+	}
+	nc := s.t.js.Conn()
+	l := &partitionLoop{
+		s: s, p: p, name: name, nc: nc, cfg: cfg, hb: exp / 2, pull: req,
+		next:   prefix + "CONSUMER.MSG.NEXT." + s.ts.stream + "." + name,
+		inbox:  make(chan *nats.Msg, inboxBuffer),
+		closed: make(chan struct{}),
+	}
+	l.prefix = nc.NewInbox()
+	l.sub, err = nc.ChanSubscribe(l.prefix+".*", l.inbox)
+	if err != nil {
+		return nil, fmt.Errorf("natsjs: subscribe the pull inbox of %s: %w", name, err)
+	}
+	l.sub.SetClosedHandler(func(string) { close(l.closed) })
+	l.status = nc.StatusChanged(nats.CONNECTED)
+	return l, nil
+}
+
+// close releases a loop that never ran.
+func (l *partitionLoop) close() {
+	_ = l.sub.Unsubscribe()
+	l.nc.RemoveStatusListener(l.status)
+}
+
+// drainWait is how long a stopping loop waits for its inbox's drain to end.
+// The drain ends with a round trip to the server (a flush), after which no
+// message can arrive; nats.go can lose track of that round trip after a
+// reconnect ("outstanding flush points", a FIXME in its doReconnect) and
+// wait out its 10 s flush timeout, so the wait is bounded: then the inbox
+// is unsubscribed, and a message still on its way comes back after the
+// AckWait.
+const drainWait = time.Second
+
+// Pacing of the attempts to pull again after an error, or to create the
+// consumer again.
+const (
+	retryFirst = 100 * time.Millisecond
+	retryMax   = 5 * time.Second
+)
+
+// run pulls and delivers until Stop; then it drains the inbox (delivering
+// what still arrives) and returns.
+func (l *partitionLoop) run() {
+	s := l.s
+	defer s.wg.Done()
+	defer l.nc.RemoveStatusListener(l.status)
+	silence := stoppedTimer() // two missed heartbeats of the outstanding pull
+	defer silence.Stop()
+	retry := stoppedTimer() // the next pull after an error
+	defer retry.Stop()
+	retrying := false
+	backoff := retryFirst
+	later := func() { // pull again after the backoff
+		retry.Reset(backoff)
+		retrying = true
+		backoff = min(2*backoff, retryMax)
+	}
+	outstanding := false // the pull on reply subject cur waits at the server
+	var cur string
+	var pulls uint64
+	for {
+		if !outstanding && !retrying {
+			pulls++
+			cur = l.prefix + "." + strconv.FormatUint(pulls, 10)
+			if err := l.nc.PublishRequest(l.next, cur, l.pull); err != nil {
+				l.logAttrs(slog.LevelWarn, "natsjs: pull request failed; trying again", err)
+				later()
+			} else {
+				outstanding = true
+				silence.Reset(2*l.hb + l.hb/2)
+			}
+		}
+		select {
+		case <-s.stopping:
+			l.drain()
+			return
+		case <-l.closed: // the connection was closed under the transport
+			l.logAttrs(slog.LevelError, "natsjs: connection closed; the subscriber stops pulling in this process", nats.ErrConnectionClosed)
+			<-s.stopping
+			l.flush()
+			return
+		case <-retry.C:
+			retrying = false
+		case st := <-l.status:
+			if st == nats.CONNECTED { // a pull sent before is gone with the old connection, or expires
+				outstanding = false
+				silence.Stop()
+			}
+		case <-silence.C:
+			l.logAttrs(slog.LevelWarn, "natsjs: no heartbeat from the server for two intervals; pulling again", errors.New("pull silent"))
+			outstanding = false
+		case m := <-l.inbox:
+			code, desc := m.Header.Get("Status"), m.Header.Get("Description")
+			switch {
+			case code == "" && !strings.HasPrefix(m.Reply, "$JS.ACK."):
+				// neither a message nor a status: ignore
+			case code != "" && m.Subject != cur:
+				// The status of an earlier pull, given up for a
+				// reconnection or two missed heartbeats but still at
+				// the server: it changes nothing. (A message carries its
+				// own subject, not the pull's: whichever pull it
+				// answered, the next is sent.)
+			case code == "":
+				outstanding = false
+				silence.Stop()
+				backoff = retryFirst
+				l.handle(m)
+			case code == "100": // idle heartbeat: the pull waits
+				silence.Reset(2*l.hb + l.hb/2)
+			case code == "408", code == "404": // the pull expired, or found nothing
+				outstanding = false
+				silence.Stop()
+			case code == "409" && strings.Contains(desc, "Consumer Deleted"), code == "503":
+				// The consumer is gone (no one answers its pull subject):
+				// create it again, delivering from now on.
+				outstanding = false
+				silence.Stop()
+				l.logAttrs(slog.LevelWarn, "natsjs: the consumer is gone; creating it again", errors.New(code+" "+desc))
+				if !l.recreate(&backoff) {
+					l.drain()
+					return
+				}
+			default: // 409 leadership change, max waiting exceeded, ...: pull again, paced
+				outstanding = false
+				silence.Stop()
+				l.logAttrs(slog.LevelWarn, "natsjs: pull ended by the server; pulling again", errors.New(code+" "+desc))
+				later()
+			}
+		}
+	}
+}
+
+// stoppedTimer returns a timer that has not started.
+func stoppedTimer() *time.Timer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}
+
+// pause waits out the backoff (doubling it) and reports whether to go on
+// (false: Stop was called).
+func (l *partitionLoop) pause(backoff *time.Duration) bool {
+	timer := time.NewTimer(*backoff)
+	defer timer.Stop()
+	*backoff = min(2**backoff, retryMax)
+	select {
+	case <-l.s.stopping:
+		return false
+	case <-timer.C:
+		return true
+	}
+}
+
+// recreate creates the consumer again, pacing the attempts, until it
+// succeeds (true) or Stop is called (false).
+func (l *partitionLoop) recreate(backoff *time.Duration) bool {
+	for {
+		if !l.pause(backoff) {
+			return false
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := l.s.t.js.CreateOrUpdateConsumer(ctx, l.s.ts.stream, l.cfg)
+		cancel()
+		if err == nil {
+			return true
+		}
+		l.logAttrs(slog.LevelError, "natsjs: cannot create the consumer again; retrying", err)
+	}
+}
+
+// drain stops the inbox: the server learns it has no one to deliver to,
+// and what it sent before is still delivered.
+func (l *partitionLoop) drain() {
+	if err := l.sub.Drain(); err != nil {
+		_ = l.sub.Unsubscribe()
+	}
+	timer := time.NewTimer(drainWait)
+	defer timer.Stop()
+	for {
+		select {
+		case m := <-l.inbox:
+			if m.Header.Get("Status") == "" && strings.HasPrefix(m.Reply, "$JS.ACK.") {
+				l.handle(m)
+			}
+		case <-l.closed:
+			l.flush()
+			return
+		case <-timer.C:
+			_ = l.sub.Unsubscribe()
+			l.flush()
+			return
+		}
+	}
+}
+
+// flush delivers what is left in the inbox after its subscription ended.
+func (l *partitionLoop) flush() {
+	for {
+		select {
+		case m := <-l.inbox:
+			if m.Header.Get("Status") == "" && strings.HasPrefix(m.Reply, "$JS.ACK.") {
+				l.handle(m)
+			}
+		default:
+			return
+		}
+	}
+}
+
+func (l *partitionLoop) logAttrs(level slog.Level, msg string, err error) {
+	s := l.s
+	s.t.log.LogAttrs(context.Background(), level, msg,
+		slog.String("topic", s.ts.topic), slog.String("subscriber", s.sub.Name),
+		slog.String("stream", s.ts.stream), slog.String("consumer", l.name), slog.String("error", err.Error()))
+}
+
+// handle hands one message to the broker, once a slot is free.
+func (l *partitionLoop) handle(m *nats.Msg) {
+	s := l.s
+	meta, err := m.Metadata()
+	if err != nil { // not a JetStream delivery: nothing to acknowledge
+		l.logAttrs(slog.LevelError, "natsjs: a message without JetStream metadata on the pull inbox; ignored", err)
+		return
+	}
+	msg, redriven, err := decodeMessage(s.ts.topic, m, meta)
+	if err != nil {
+		l.logAttrs(slog.LevelWarn, "natsjs: undecodable broker headers; delivering what could be read (message "+strconv.Quote(msg.ID)+")", err)
+	}
+	d := &delivery{
+		nc: l.nc, reply: m.Reply, msg: msg, redriven: redriven, every: s.t.cfg.ackWait / 3,
+		dlID: meta.Stream + "." + strconv.FormatUint(meta.Sequence.Stream, 10) + "." + s.sub.Name,
+	}
+	// A message delivered before may have been dead-lettered by a process
+	// that died before the server heard of it. The server's delivery count
+	// says so, unless the crash also lost the consumer's latest state
+	// (saved about ten times a second): so a message stored before this
+	// transport started is looked up too.
+	if s.t.cfg.deadLetters != nil && (meta.NumDelivered > 1 || meta.Timestamp.Before(s.t.started)) && l.deadLettered(d) {
+		return
+	}
+	if s.slots != nil {
+		l.acquire(d)
+		defer func() { <-s.slots }()
+	}
+	s.sub.Deliver(d)
+}
+
+// deadLettered reports whether d's dead letter is stored already (a
+// process died after storing it and before the server heard of the
+// outcome): d is then terminated without running.
+func (l *partitionLoop) deadLettered(d *delivery) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, ok, err := l.s.t.cfg.deadLetters.Get(ctx, d.dlID)
+	if err != nil || !ok {
+		return false // the broker decides; at worst the dead letter is written again, replacing this one
+	}
+	if err := d.Terminate("dead-lettered before a restart"); err != nil {
+		l.logAttrs(slog.LevelWarn, "natsjs: terminating a message already dead-lettered failed; it comes back", err)
+	}
+	return true
+}
+
+// acquire takes a slot, telling the server the message is held meanwhile
+// (it was delivered to this process and waits for a free handler).
+func (l *partitionLoop) acquire(d *delivery) {
+	s := l.s
+	select {
+	case s.slots <- struct{}{}:
+		return
+	default:
+	}
+	tick := time.NewTicker(s.t.cfg.ackWait / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case s.slots <- struct{}{}:
+			return
+		case <-tick.C:
+			_ = d.KeepAlive() // if it fails the message comes back later: allowed
+		}
+	}
+}
+
+// Stop stops pulling (each inbox drains: a message already on its way is
+// still delivered) and returns once no Deliver call runs, or ctx's error
+// when it ends first (Stop may then be called again). Unacknowledged
+// messages stay with the consumer, for another process subscribed under
+// the name or for the next subscription.
+func (s *subscription) Stop(ctx context.Context) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	s.stopOnce.Do(func() {
+		close(s.stopping)
+		go func() { // ends when the loops do
+			s.wg.Wait()
+			s.t.mu.Lock()
+			delete(s.t.subs, s)
+			s.t.mu.Unlock()
+			close(s.done)
+		}()
+	})
+	select {
+	case <-s.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("natsjs: stop subscriber %q of %q: %w", s.sub.Name, s.ts.topic, ctx.Err())
+	}
+}
