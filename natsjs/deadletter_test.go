@@ -41,7 +41,7 @@ func TestPutTooLarge(t *testing.T) {
 	}
 	big := make([]byte, conn.NATS().MaxPayload()) // base64 in JSON: a third more
 	err = s.Put(t.Context(), broker.DeadLetter{ID: "big", Message: broker.Message{ID: "m", Topic: "t", Payload: big}, Subscriber: "s"})
-	if !errors.Is(err, natsjs.ErrTooLarge) {
+	if !errors.Is(err, natsjs.ErrTooLarge) || !errors.Is(err, broker.ErrDeadLetterRefused) {
 		t.Errorf("Put of a %d-byte payload = %v, want ErrTooLarge", len(big), err)
 	}
 }

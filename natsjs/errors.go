@@ -1,17 +1,24 @@
 package natsjs
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/inproc/broker"
+)
 
 var (
 	// ErrInvalidOption wraps the reason an option or a constructor argument
 	// was refused.
 	ErrInvalidOption = errors.New("natsjs: invalid option")
 	// ErrInvalidDeadLetter wraps the reason DeadLetterStore.Put refused a
-	// dead letter (no ID, a time JSON cannot encode).
-	ErrInvalidDeadLetter = errors.New("natsjs: invalid dead letter")
+	// dead letter (no ID, a time JSON cannot encode). It wraps
+	// broker.ErrDeadLetterRefused: trying again cannot help.
+	ErrInvalidDeadLetter = fmt.Errorf("natsjs: invalid dead letter (%w)", broker.ErrDeadLetterRefused)
 	// ErrTooLarge is returned by DeadLetterStore.Put when the encoded dead
-	// letter exceeds the server's max_payload (1 MiB by default).
-	ErrTooLarge = errors.New("natsjs: dead letter larger than the server's max payload")
+	// letter exceeds the server's max_payload (1 MiB by default). It wraps
+	// broker.ErrDeadLetterRefused: the broker does not retry such a Put.
+	ErrTooLarge = fmt.Errorf("natsjs: dead letter larger than the server's max payload (%w)", broker.ErrDeadLetterRefused)
 	// ErrCorrupt wraps the reason a stored dead letter could not be decoded
 	// (a message not written by DeadLetterStore on its subjects).
 	ErrCorrupt = errors.New("natsjs: undecodable dead letter")
