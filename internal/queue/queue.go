@@ -298,7 +298,6 @@ func (q *Queue[T]) settleLocked() {
 	}
 }
 
-
 // Pop removes and returns the oldest item; ok is false when empty.
 func (q *Queue[T]) Pop() (v T, ok bool) {
 	q.mu.Lock()
