@@ -17,7 +17,7 @@ type fakeInst struct {
 	env       *Env
 	drop      int
 	failAt    int
-	hangClose bool
+	hangClose chan struct{} // Close waits for it to close (the harness must give up first)
 	mu        sync.Mutex
 	n         int
 }
@@ -40,8 +40,8 @@ func (f *fakeInst) Publish(_ context.Context, _, topic, seq int) error {
 }
 
 func (f *fakeInst) Close(ctx context.Context) error {
-	if f.hangClose {
-		select {} // never returns: the harness must give up on it
+	if f.hangClose != nil {
+		<-f.hangClose // outlives the harness's patience; the test ends it
 	}
 	return nil
 }
@@ -85,7 +85,9 @@ func TestPublishErrorFails(t *testing.T) {
 func TestHangingCloseIsReported(t *testing.T) {
 	w, _ := WorkloadByName("W1")
 	start := time.Now()
-	r := RunCell(fake("hanging", func(f *fakeInst) { f.hangClose = true }), w, 100, Options{Timeout: 500 * time.Millisecond})
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	r := RunCell(fake("hanging", func(f *fakeInst) { f.hangClose = release }), w, 100, Options{Timeout: 500 * time.Millisecond})
 	if !errors.Is(r.Err, ErrTimeout) || !strings.Contains(r.Err.Error(), "left running") {
 		t.Fatalf("want a close timeout, got %v", r.Err)
 	}

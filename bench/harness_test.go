@@ -23,24 +23,33 @@ func TestCells(t *testing.T) {
 				if w.PayloadSize > 4<<10 {
 					m = n / 4
 				}
-				r := RunCell(impl, w, m, Options{Timeout: 30 * time.Second})
-				if errors.Is(r.Err, ErrNotMeasured) {
-					t.Skip(r.Err)
-				}
-				if r.Err != nil {
-					t.Fatalf("%s/%s: %v", w.Name, impl.Name, r.Err)
-				}
-				if r.Elapsed <= 0 || r.NsPerMsg <= 0 {
-					t.Fatalf("no time measured: %+v", r)
-				}
-				if (w.FailEvery > 0 || w.FailingSubs > 0) && r.Injected == 0 {
-					t.Fatalf("no failure injected: %+v", r)
-				}
-				t.Logf("%s/%s: %d msgs %.0f ns/msg %.1f allocs/msg %.0f B/msg ooo=%d dups=%d injected=%d pubretries=%d",
-					w.Name, impl.Name, r.Messages, r.NsPerMsg, r.AllocsPerMsg, r.BytesPerMsg, r.OutOfOrder, r.Duplicates, r.Injected, r.PublishRetries)
+				checkCell(t, impl, w, m)
 			})
 		}
 	}
+}
+
+// checkCell runs impl on w with m messages and fails t unless every
+// subscriber got every message (a workload impl does not measure is
+// skipped). It returns the result for further checks.
+func checkCell(t *testing.T, impl Impl, w Workload, m int) Result {
+	t.Helper()
+	r := RunCell(impl, w, m, Options{Timeout: 30 * time.Second})
+	if errors.Is(r.Err, ErrNotMeasured) {
+		t.Skip(r.Err)
+	}
+	if r.Err != nil {
+		t.Fatalf("%s/%s: %v", w.Name, impl.Name, r.Err)
+	}
+	if r.Elapsed <= 0 || r.NsPerMsg <= 0 {
+		t.Fatalf("no time measured: %+v", r)
+	}
+	if (w.FailEvery > 0 || w.FailingSubs > 0) && r.Injected == 0 {
+		t.Fatalf("no failure injected: %+v", r)
+	}
+	t.Logf("%s/%s: %d msgs %.0f ns/msg %.1f allocs/msg %.0f B/msg ooo=%d dups=%d injected=%d pubretries=%d",
+		w.Name, impl.Name, r.Messages, r.NsPerMsg, r.AllocsPerMsg, r.BytesPerMsg, r.OutOfOrder, r.Duplicates, r.Injected, r.PublishRetries)
+	return r
 }
 
 // TestQueued checks the queued-memory measurement end to end.
