@@ -34,6 +34,28 @@ type pipeline struct {
 	overflowFault fault // the fault of its overflow dead letters, made once
 }
 
+// newPipeline is the delivery pipeline of subscriber name on topicName,
+// whatever carries its messages: c are its counters, onDeadLetter counts a
+// dead letter by reason, and stop is closed when it must stop at once.
+func (b *Broker) newPipeline(topicName, name string, c *subCounters, h Handler, policy RetryPolicy, sc subConfig,
+	onDeadLetter func(reason string), stop <-chan struct{}) pipeline {
+	p := pipeline{
+		handler: h, timeout: sc.timeout, policy: policy, dedup: b.dedup, plugins: b.guard,
+		rec: recorder{
+			topic: topicName, subscriber: name, c: c,
+			obs: b.obs, log: b.cfg.logger, dlq: b.dlq, newID: b.newDeadLetterID,
+			onDeadLetter: onDeadLetter, stop: stop,
+		},
+	}
+	if sc.budget != nil {
+		p.budget = newRetryBudget(*sc.budget)
+	}
+	if b.mem != nil {
+		p.mem, p.salt = b.mem, b.mem.salt(topicName, name)
+	}
+	return p
+}
+
 // newOverflowError is the error of a subscriber's overflow dead letters.
 func newOverflowError(topic, subscriber string) error {
 	return fmt.Errorf("%w: lane of %q on topic %q is full", ErrLaneFull, subscriber, topic)

@@ -119,25 +119,12 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 		s.limiter = newTokenBucket(sc.rate, sc.burst)
 	}
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
-	s.pipe = pipeline{
-		handler: h, timeout: sc.timeout, policy: policy, dedup: b.dedup, plugins: b.guard,
-		rec: recorder{
-			topic: topicName, subscriber: name, c: c,
-			obs: b.obs, log: b.cfg.logger, dlq: b.dlq, newID: b.newDeadLetterID,
-			onDeadLetter: s.countDeadLetter, stop: s.ctx.Done(),
-		},
-	}
+	s.pipe = b.newPipeline(topicName, name, c, h, policy, sc, s.countDeadLetter, s.ctx.Done())
 	if sc.concurrency > 1 {
 		s.pipe.ids = newIDGuard()
 	}
-	if sc.budget != nil {
-		s.pipe.budget = newRetryBudget(*sc.budget)
-	}
 	if sc.whenFull != Block {
 		s.pipe.overflowFault = brokerFault(CodeOverflow, newOverflowError(topicName, name))
-	}
-	if b.mem != nil {
-		s.pipe.mem, s.pipe.salt = b.mem, b.mem.salt(topicName, name)
 	}
 	t.active[name] = s
 	t.addSubLocked(s)

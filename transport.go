@@ -233,20 +233,7 @@ func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy Re
 		remote: &remoteSub{maxAttempts: policy.maxAttempts()},
 	}
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
-	s.pipe = pipeline{
-		handler: h, timeout: sc.timeout, policy: policy, dedup: b.dedup, plugins: b.guard,
-		rec: recorder{
-			topic: topicName, subscriber: name, c: c,
-			obs: b.obs, log: b.cfg.logger, dlq: b.dlq, newID: b.newDeadLetterID,
-			onDeadLetter: func(string) {}, stop: s.ctx.Done(),
-		},
-	}
-	if sc.budget != nil {
-		s.pipe.budget = newRetryBudget(*sc.budget)
-	}
-	if b.mem != nil {
-		s.pipe.mem, s.pipe.salt = b.mem, b.mem.salt(topicName, name)
-	}
+	s.pipe = b.newPipeline(topicName, name, c, h, policy, sc, func(string) {}, s.ctx.Done())
 	ts, err := r.t.Subscribe(TransportSubscriber{
 		Topic: topicName, Name: name, Concurrency: sc.concurrency, Ordered: sc.ordered,
 		Deliver: s.deliverRemote,
