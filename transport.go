@@ -367,32 +367,39 @@ func (s *Subscription) terminate(d Delivery, m *Message, took time.Duration, rea
 	s.tell("Terminate", d.Terminate(reason))
 }
 
-// attemptKeptAlive runs the attempt, telling the transport the handler is
-// alive as often as it asks.
-func (s *Subscription) attemptKeptAlive(d Delivery, m *Message) (error, failure, time.Duration) {
-	every := d.KeepAliveEvery()
-	if every <= 0 {
-		return s.pipe.attempt(s.ctx, m)
-	}
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() { // ends when the attempt does
-		defer close(done)
+// attemptKeptAlive runs the attempt on a goroutine of its own, telling the
+// transport the handler is alive as often as it asks meanwhile. The
+// goroutine is what keeps the transport's own goroutine (which called
+// Deliver) safe from a handler that calls runtime.Goexit: such an attempt
+// fails as a panic would, and the delivery is settled as usual.
+func (s *Subscription) attemptKeptAlive(d Delivery, m *Message) (err error, f failure, took time.Duration) {
+	done := make(chan struct{})
+	go func() { // ends when the handler returns (or calls Goexit)
+		returned := false
+		defer func() {
+			if !returned {
+				pe := newPanicError(errGoexit)
+				err, f = pe, failure{code: CodePanic, text: pe.Error()}
+			}
+			close(done)
+		}()
+		err, f, took = s.pipe.attempt(s.ctx, m)
+		returned = true
+	}()
+	var tick <-chan time.Time
+	if every := d.KeepAliveEvery(); every > 0 {
 		t := time.NewTicker(every)
 		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				s.tell("KeepAlive", d.KeepAlive())
-			}
+		tick = t.C
+	}
+	for {
+		select {
+		case <-done:
+			return err, f, took
+		case <-tick:
+			s.tell("KeepAlive", d.KeepAlive())
 		}
-	}()
-	defer func() {
-		close(stop)
-		<-done
-	}()
-	return s.pipe.attempt(s.ctx, m)
+	}
 }
 
 // tell logs a transport's refusal of an acknowledgement: the transport

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -427,5 +428,30 @@ func TestTransportRunsMiddlewareAndHooks(t *testing.T) {
 		idle()
 		assert.Equal(t, []string{"build A for t/s", "A> m#1", `<A m code=""`}, tc.lines())
 		assert.Equal(t, "yes", c.all()[0].Headers["hooked"])
+	})
+}
+
+// A handler that calls runtime.Goexit (what t.FailNow does) fails its
+// attempt as a panic would; the transport's goroutine that called Deliver
+// survives and delivers the next message.
+func TestTransportHandlerGoexit(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		tr := newFakeTransport()
+		b := newTransportBroker(t, tr)
+		_, err := b.Subscribe("t", "s", func(_ context.Context, m Message) error {
+			if m.ID == "exit" {
+				runtime.Goexit()
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "exit", Topic: "t"}))
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "ok", Topic: "t"}))
+		idle()
+		assert.Equal(t, []string{"term exit#1 permanent", "ack ok#1"}, tr.log())
+		dls := deadLetters(t, b)
+		require.Len(t, dls, 1)
+		assert.Equal(t, CodePanic, dls[0].ErrorCode)
+		requireConserved(t, b.Stats())
 	})
 }
