@@ -25,8 +25,6 @@ type fakeTransport struct {
 	closed   bool
 	full     bool          // Publish answers ErrQueueFull
 	every    time.Duration // KeepAliveEvery of its deliveries
-	dlIDs    bool          // deliveries name their dead letters
-	wg       sync.WaitGroup
 }
 
 type fakeSub struct {
