@@ -21,31 +21,22 @@ const (
 	actionDelete  action = "delete"
 )
 
-// guard refuses an action request that is not allowed: actions off, cross
-// origin, or (with the token read by tokenOf) a bad CSRF token. It writes
-// the 403 itself and reports whether the request may go on.
-func (h *Handler) guard(w http.ResponseWriter, r *http.Request, a action, api bool, tokenOf func() string) bool {
-	err := func() error {
-		if !h.opts.AllowActions {
-			return errActionsOff
-		}
-		if err := h.checkOrigin(r); err != nil {
-			return err
-		}
-		if !h.validToken(r, tokenOf()) {
-			return errBadToken
-		}
-		return nil
-	}()
-	if err == nil {
-		return true
+// allowed refuses an action request before its body is read: actions off,
+// or cross origin.
+func (h *Handler) allowed(r *http.Request) error {
+	if !h.opts.AllowActions {
+		return errActionsOff
 	}
-	h.log.LogAttrs(r.Context(), slog.LevelWarn, "admin: action refused",
+	return h.checkOrigin(r)
+}
+
+// refuse logs a refused action request and answers 403.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, a action, api bool, err error) {
+	h.opts.Logger.LogAttrs(r.Context(), slog.LevelWarn, "admin: action refused",
 		slog.String("action", string(a)), slog.String("why", err.Error()),
 		slog.String("remote", r.RemoteAddr), slog.String("origin", r.Header.Get("Origin")),
 		slog.String("sec_fetch_site", r.Header.Get("Sec-Fetch-Site")))
 	h.fail(w, r, api, http.StatusForbidden, "forbidden: "+err.Error())
-	return false
 }
 
 // formAction serves POST redrive and POST delete from the pages' forms:
@@ -54,8 +45,8 @@ func (h *Handler) guard(w http.ResponseWriter, r *http.Request, a action, api bo
 // dead-letter list, which states the result.
 func (h *Handler) formAction(a action) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !h.opts.AllowActions || h.checkOrigin(r) != nil {
-			h.guard(w, r, a, false, func() string { return "" }) // refuses, logs
+		if err := h.allowed(r); err != nil {
+			h.refuse(w, r, a, false, err)
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxActionBody)
@@ -63,7 +54,8 @@ func (h *Handler) formAction(a action) http.HandlerFunc {
 			h.fail(w, r, false, http.StatusBadRequest, "bad form: "+err.Error())
 			return
 		}
-		if !h.guard(w, r, a, false, func() string { return r.PostForm.Get(csrfField) }) {
+		if !h.validToken(r, r.PostForm.Get(csrfField)) {
+			h.refuse(w, r, a, false, errBadToken)
 			return
 		}
 		ids, err := cleanIDs(r.PostForm["id"])
@@ -98,7 +90,12 @@ func (h *Handler) formAction(a action) http.HandlerFunc {
 // ActionResult (200 even when some IDs failed).
 func (h *Handler) apiAction(a action) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !h.guard(w, r, a, true, func() string { return r.Header.Get(csrfHeader) }) {
+		err := h.allowed(r)
+		if err == nil && !h.validToken(r, r.Header.Get(csrfHeader)) {
+			err = errBadToken
+		}
+		if err != nil {
+			h.refuse(w, r, a, true, err)
 			return
 		}
 		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
@@ -180,7 +177,7 @@ func (h *Handler) do(r *http.Request, a action, ids []string) ActionResult {
 			}
 		}
 	}
-	h.log.LogAttrs(ctx, slog.LevelInfo, "admin: "+string(a),
+	h.opts.Logger.LogAttrs(ctx, slog.LevelInfo, "admin: "+string(a),
 		slog.Int("requested", len(ids)), slog.Int("done", len(res.Done)), slog.Int("failed", len(res.Failed)),
 		slog.Any("ids", res.Done), slog.String("remote", r.RemoteAddr))
 	return res

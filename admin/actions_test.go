@@ -151,6 +151,7 @@ func TestDelete(t *testing.T) {
 	require.Equal(t, http.StatusOK, w.Code)
 	var res ActionResult
 	decodeStrict(t, w.Body, &res)
+	require.Len(t, res.Failed, 1, "%+v", res)
 	assert.Equal(t, ActionResult{Action: "delete", Done: []string{rest[0]},
 		Failed: []ActionFailure{{ID: ids[0], Code: "not_found", Error: res.Failed[0].Error}}}, res)
 	waitDeadLetters(t, b, 2)

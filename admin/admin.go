@@ -79,7 +79,6 @@ type Options struct {
 type Handler struct {
 	b    *broker.Broker
 	opts Options
-	log  *slog.Logger
 	mux  *http.ServeMux
 	cop  *http.CrossOriginProtection
 	key  []byte // HMAC key of the CSRF tokens
@@ -102,7 +101,6 @@ func New(b *broker.Broker, opts Options) (*Handler, error) {
 	h := &Handler{
 		b:    b,
 		opts: opts,
-		log:  opts.Logger,
 		cop:  http.NewCrossOriginProtection(),
 		key:  make([]byte, 32),
 		samp: newSampler(opts.SampleInterval, opts.History),

@@ -65,31 +65,34 @@ func (q listQuery) values() url.Values {
 
 // list returns one page of the dead letters matching q. The store filters
 // by topic, subscriber and code and returns them oldest first; the reason
-// is filtered here, over at most MaxScan of them.
+// is filtered here, over at most MaxScan of them. Each read asks for one
+// more than it uses, to know whether there are more.
 func (h *Handler) list(ctx context.Context, q listQuery) (DeadLetterList, error) {
 	store := h.b.DeadLetters()
-	f := broker.DeadLetterFilter{Topic: q.Topic, Subscriber: q.Subscriber, ErrorCode: q.Code, Limit: q.Offset + q.Limit + 1}
+	scan := q.Offset + q.Limit
 	if q.Reason != "" {
-		f.Limit = h.opts.MaxScan
+		scan = h.opts.MaxScan
 	}
-	dls, err := store.List(ctx, f)
+	dls, err := store.List(ctx, broker.DeadLetterFilter{Topic: q.Topic, Subscriber: q.Subscriber, ErrorCode: q.Code, Limit: scan + 1})
 	if err != nil {
 		return DeadLetterList{}, fmt.Errorf("admin: list dead letters: %w", err)
 	}
-	if len(dls) > f.Limit { // a store that ignores Limit
-		dls = dls[:f.Limit]
-	}
 	out := DeadLetterList{Offset: q.Offset, Limit: q.Limit, Stored: -1, DeadLetters: []DeadLetterSummary{}}
 	if q.Reason != "" {
-		out.Truncated = len(dls) == f.Limit
-		dls = slices.DeleteFunc(dls, func(dl broker.DeadLetter) bool { return dl.Reason != q.Reason })
+		out.Truncated = len(dls) > scan
+		dls = dls[:min(len(dls), scan)] // also for a store that ignores Limit
 	}
-	for i, dl := range dls {
-		if i >= q.Offset && i < q.Offset+q.Limit {
+	n := 0 // matches so far (the store's slice is not modified)
+	for _, dl := range dls {
+		if q.Reason != "" && dl.Reason != q.Reason {
+			continue
+		}
+		if n >= q.Offset && n < q.Offset+q.Limit {
 			out.DeadLetters = append(out.DeadLetters, summary(dl))
 		}
+		n++
 	}
-	out.More = len(dls) > q.Offset+q.Limit
+	out.More = n > q.Offset+q.Limit
 	if n, err := store.Len(ctx); err == nil {
 		out.Stored = n
 	}

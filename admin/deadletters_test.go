@@ -137,6 +137,12 @@ func TestReasonFilterScansAtMostMaxScan(t *testing.T) {
 	assert.False(t, list.Truncated, "2 matches the store's filter: all read")
 	assert.Len(t, list.DeadLetters, 2)
 	assert.Contains(t, getOK(t, h, "/deadletters?reason=exhausted"), "Only the first 3 matching")
+
+	exact := newHandler(t, b, Options{MaxScan: 5, PageSize: 2}) // the store holds exactly MaxScan
+	getJSON(t, exact, "/api/deadletters?reason=exhausted", &list)
+	assert.False(t, list.Truncated, "all 5 read: none left unseen")
+	assert.Len(t, list.DeadLetters, 2)
+	assert.NotContains(t, getOK(t, exact, "/deadletters?reason=exhausted"), "Only the first")
 }
 
 // TestDeadLetterDetail shows every field of a dead letter the broker made.

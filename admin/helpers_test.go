@@ -111,19 +111,6 @@ func waitDeadLetters(t *testing.T, b *broker.Broker, n int) {
 	})
 }
 
-// quiet waits until b has no backlog anywhere.
-func quiet(t *testing.T, b *broker.Broker) {
-	t.Helper()
-	waitFor(t, "an empty backlog", func() bool {
-		for _, ts := range b.Stats().Topics {
-			if ts.Backlog() > 0 {
-				return false
-			}
-		}
-		return true
-	})
-}
-
 // bad is a handler that fails every message permanently.
 func bad(context.Context, broker.Message) error { return broker.Permanent(errors.New("bad")) }
 

@@ -69,7 +69,7 @@ func (h *Handler) newPage(w http.ResponseWriter, r *http.Request, name, title, r
 func (h *Handler) render(w http.ResponseWriter, status int, name string, data any) {
 	var buf bytes.Buffer
 	if err := pages[name].ExecuteTemplate(&buf, "layout", data); err != nil {
-		h.log.Error("admin: render", "page", name, "error", err)
+		h.opts.Logger.Error("admin: render", "page", name, "error", err)
 		http.Error(w, "admin: render failed", http.StatusInternalServerError)
 		return
 	}

@@ -104,8 +104,9 @@ type DeadLetterList struct {
 	Limit       int                 `json:"limit"`
 	// More is true when more dead letters match after this page.
 	More bool `json:"more"`
-	// Truncated is true when the handler read Options.MaxScan dead letters
-	// to filter by reason: later ones were not looked at.
+	// Truncated is true when more than Options.MaxScan dead letters match
+	// the store's filter and the handler filtered only the first MaxScan by
+	// reason: later ones were not looked at.
 	Truncated bool `json:"truncated"`
 	// Stored is how many dead letters the store holds, all filters aside;
 	// -1 if the store failed to say.
