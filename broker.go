@@ -322,9 +322,7 @@ func (b *Broker) Stats() Stats {
 	topics := b.liveTopics()
 	st := Stats{Topics: make(map[string]TopicStats, len(topics))}
 	b.gone.stats(&st)
-	if e, ok := b.cfg.dlq.(interface{ Evicted() uint64 }); ok {
-		st.DeadLetterEvicted = e.Evicted()
-	}
+	st.DeadLetterEvicted = b.dlq.(guardedDLQ).evicted()
 	st.PluginPanics = b.panics.Load()
 	if b.mem != nil {
 		st.Dedup = b.mem.Stats()

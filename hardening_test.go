@@ -517,3 +517,17 @@ func TestPanickingLogHandlerIsGuarded(t *testing.T) {
 		})
 	}
 }
+
+// evictedPanics is a dead-letter store whose Evicted count panics.
+type evictedPanics struct{ *MemoryDeadLetterStore }
+
+func (evictedPanics) Evicted() uint64 { panic("store bug") }
+
+// Stats calls the store's Evicted (for DeadLetterEvicted): a panic there is
+// a plug-in's, recovered and counted, not a crash of whoever asked for Stats.
+func TestStatsSurvivesAPanickingEvicted(t *testing.T) {
+	b := newTestBroker(t, WithDeadLetterStore(evictedPanics{NewMemoryDeadLetterStore(0, nil)}))
+	st := b.Stats()
+	assert.Zero(t, st.DeadLetterEvicted)
+	assert.Equal(t, uint64(1), st.PluginPanics)
+}

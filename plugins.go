@@ -108,6 +108,20 @@ func (d guardedDLQ) Put(ctx context.Context, dl DeadLetter) (err error) {
 	return d.s.Put(ctx, dl)
 }
 
+// evicted is the store's Evicted() count, if it has one (0 if it panics).
+func (d guardedDLQ) evicted() (n uint64) {
+	e, ok := d.s.(interface{ Evicted() uint64 })
+	if !ok {
+		return 0
+	}
+	defer func() {
+		if d.g.recovered("DeadLetterStore", "Evicted", recover()) != nil {
+			n = 0
+		}
+	}()
+	return e.Evicted()
+}
+
 func (d guardedDLQ) List(ctx context.Context, f DeadLetterFilter) (_ []DeadLetter, err error) {
 	defer func() {
 		if e := d.g.recovered("DeadLetterStore", "List", recover()); e != nil {
