@@ -78,10 +78,7 @@ func roundTripCases() []struct {
 	name string
 	dl   broker.DeadLetter
 } {
-	payload := make([]byte, 256)
-	for i := range payload {
-		payload[i] = byte(i) // every byte value, invalid UTF-8 included
-	}
+	payload := allBytes()
 	return []struct {
 		name string
 		dl   broker.DeadLetter

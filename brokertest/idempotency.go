@@ -36,7 +36,6 @@ func TestIdempotencyStore(t *testing.T, newStore func(t *testing.T, window time.
 type idemSuite struct {
 	newStore func(tb, time.Duration) broker.IdempotencyStore
 	o        options
-	at       time.Time // PublishedAt of the keys
 }
 
 func idempotencySuite(t tb, newStore func(tb, time.Duration) broker.IdempotencyStore, o options) {
@@ -118,16 +117,16 @@ func (s idemSuite) recordThenSeen(t tb) {
 	}
 }
 
-// crossTalkCases are pairs of keys that must not see each other.
-func crossTalkCases() []struct {
+// keyPair is two keys that must not see each other.
+type keyPair struct {
 	name string
 	a, b broker.DeliveryKey
-} {
+}
+
+// crossTalkCases are pairs of keys that must not see each other.
+func crossTalkCases() []keyPair {
 	long := strings.Repeat("x", 2000)
-	cases := []struct {
-		name string
-		a, b broker.DeliveryKey
-	}{
+	cases := []keyPair{
 		{"topic", key("orders", "billing", "m1"), key("payments", "billing", "m1")},
 		{"subscriber", key("orders", "billing", "m1"), key("orders", "shipping", "m1")},
 		{"message ID", key("orders", "billing", "m1"), key("orders", "billing", "m2")},
@@ -145,14 +144,8 @@ func crossTalkCases() []struct {
 	// separator (or none) without escaping it.
 	for _, sep := range []string{"", ".", ":", "|", "/", "-", "_", "\x00"} {
 		cases = append(cases,
-			struct {
-				name string
-				a, b broker.DeliveryKey
-			}{fmt.Sprintf("separator %q between topic and subscriber", sep), key("t"+sep+"s", "u", "m"), key("t", "s"+sep+"u", "m")},
-			struct {
-				name string
-				a, b broker.DeliveryKey
-			}{fmt.Sprintf("separator %q between subscriber and ID", sep), key("t", "s"+sep+"u", "m"), key("t", "s", "u"+sep+"m")},
+			keyPair{fmt.Sprintf("separator %q between topic and subscriber", sep), key("t"+sep+"s", "u", "m"), key("t", "s"+sep+"u", "m")},
+			keyPair{fmt.Sprintf("separator %q between subscriber and ID", sep), key("t", "s"+sep+"u", "m"), key("t", "s", "u"+sep+"m")},
 		)
 	}
 	return cases
