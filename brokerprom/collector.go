@@ -13,7 +13,8 @@ import (
 
 // StoreLenTimeout bounds the dead-letter store's Len call a scrape makes:
 // a store that does not answer in time (a database, say) leaves
-// dead_letter_store_size out of that scrape rather than hold it up.
+// dead_letter_store_size out of that scrape rather than hold it up, as long
+// as its Len returns when its context ends.
 const StoreLenTimeout = time.Second
 
 // Collector exports a broker's metrics to Prometheus. It is two things:
@@ -158,9 +159,15 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.e2e.Collect(ch)
 }
 
-// storeLen is s.Len, or -1 when it fails or takes longer than
-// StoreLenTimeout.
-func storeLen(s broker.DeadLetterStore) int {
+// storeLen is s.Len, or -1 when it fails, panics or takes longer than
+// StoreLenTimeout. The store is plugged-in code: a panic that reached the
+// registry would fail the whole scrape, not just this gauge.
+func storeLen(s broker.DeadLetterStore) (n int) {
+	defer func() {
+		if recover() != nil {
+			n = -1
+		}
+	}()
 	ctx, cancel := context.WithTimeout(context.Background(), StoreLenTimeout)
 	defer cancel()
 	n, err := s.Len(ctx)

@@ -223,3 +223,35 @@ func TestInvalidUTF8Names(t *testing.T) {
 		assert.Equal(t, 1.0, v)
 	})
 }
+
+// lenStore is a dead-letter store whose Len fails: with an error, or by
+// panicking.
+type lenStore struct {
+	*broker.MemoryDeadLetterStore
+	panics bool
+}
+
+func (s lenStore) Len(context.Context) (int, error) {
+	if s.panics {
+		panic("Len bug")
+	}
+	return 0, errors.New("store unavailable")
+}
+
+// TestStoreLenFailure: a dead-letter store whose Len fails or panics leaves
+// dead_letter_store_size out of the scrape; the scrape still succeeds, with
+// every other metric.
+func TestStoreLenFailure(t *testing.T) {
+	for _, panics := range []bool{false, true} {
+		t.Run(fmt.Sprintf("panics=%v", panics), func(t *testing.T) {
+			store := lenStore{broker.NewMemoryDeadLetterStore(0, discard), panics}
+			c, b := newWatched(t, nil, broker.WithDeadLetterStore(store))
+			publish(t, b, "nobody", "m-1")
+			mfs := gather(t, c) // fails the test on a gather error
+			_, ok := value(mfs, "broker_dead_letter_store_size", nil)
+			assert.False(t, ok, "dead_letter_store_size reported though Len failed")
+			_, ok = value(mfs, "broker_published_messages_total", map[string]string{"topic": "nobody"})
+			assert.True(t, ok, "the other metrics are still reported")
+		})
+	}
+}
