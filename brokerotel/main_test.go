@@ -167,15 +167,22 @@ func points(t *testing.T, m metricdata.Metrics) []point {
 // (0 if there is none).
 func value(t *testing.T, ms map[string]metricdata.Metrics, name string, kv ...attribute.KeyValue) float64 {
 	t.Helper()
+	v, _ := lookup(t, ms, name, kv...)
+	return v
+}
+
+// lookup is value, and whether the data point exists.
+func lookup(t *testing.T, ms map[string]metricdata.Metrics, name string, kv ...attribute.KeyValue) (float64, bool) {
+	t.Helper()
 	m, ok := ms[name]
 	require.True(t, ok, "metric %s not reported", name)
 	want := attribute.NewSet(kv...)
 	for _, p := range points(t, m) {
 		if p.set.Equals(&want) {
-			return p.value
+			return p.value, true
 		}
 	}
-	return 0
+	return 0, false
 }
 
 // total returns the sum of m's data points.

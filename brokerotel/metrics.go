@@ -277,46 +277,39 @@ func (c *setCache) init() {
 }
 
 func (c *setCache) topic(topic string) *topicSets {
-	c.mu.RLock()
-	ts, ok := c.topics[topic]
-	c.mu.RUnlock()
-	if ok {
-		return ts
-	}
-	dest := semconv.MessagingDestinationName(topic)
-	ts = &topicSets{
-		sent:      newOpts(systemAttr, opPublish, opTypeSend, dest),
-		unrouted:  newOpts(systemAttr, dest),
-		spanName:  "publish " + topic,
-		spanAttrs: trace.WithAttributes(systemAttr, opPublish, opTypeSend, dest),
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if old, ok := c.topics[topic]; ok {
-		return old
-	}
-	if len(c.topics) < maxCachedSets {
-		c.topics[topic] = ts
-	}
-	return ts
+	return cached(&c.mu, c.topics, topic, func() *topicSets {
+		dest := semconv.MessagingDestinationName(topic)
+		return &topicSets{
+			sent:      newOpts(systemAttr, opPublish, opTypeSend, dest),
+			unrouted:  newOpts(systemAttr, dest),
+			spanName:  "publish " + topic,
+			spanAttrs: trace.WithAttributes(systemAttr, opPublish, opTypeSend, dest),
+		}
+	})
 }
 
 func (c *setCache) subscriber(topic, name string) *subSets {
-	k := subKey{topic, name}
-	c.mu.RLock()
-	ss, ok := c.subs[k]
-	c.mu.RUnlock()
+	return cached(&c.mu, c.subs, subKey{topic, name}, func() *subSets { return newSubSets(topic, name) })
+}
+
+// cached returns m[k], or else what build makes, which it keeps in m while m
+// has fewer than maxCachedSets entries; mu guards m. build runs without the
+// lock, so two callers may build for k at once: the first one stored wins.
+func cached[K comparable, V any](mu *sync.RWMutex, m map[K]V, k K, build func() V) V {
+	mu.RLock()
+	v, ok := m[k]
+	mu.RUnlock()
 	if ok {
-		return ss
+		return v
 	}
-	ss = newSubSets(topic, name)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if old, ok := c.subs[k]; ok {
+	v = build()
+	mu.Lock()
+	defer mu.Unlock()
+	if old, ok := m[k]; ok {
 		return old
 	}
-	if len(c.subs) < maxCachedSets {
-		c.subs[k] = ss
+	if len(m) < maxCachedSets {
+		m[k] = v
 	}
-	return ss
+	return v
 }

@@ -213,7 +213,9 @@ func TestObserveStats(t *testing.T) {
 		{brokerotel.MetricDeadLetterStoreSize, "{message}", []attribute.KeyValue{system}, 0},
 		{brokerotel.MetricDeadLetterEvictions, "{message}", []attribute.KeyValue{system}, 0},
 	} {
-		assert.Equal(t, c.want, value(t, ms, c.metric, c.attrs...), c.metric)
+		got, ok := lookup(t, ms, c.metric, c.attrs...)
+		assert.True(t, ok, "%s: no data point with the attributes %v", c.metric, c.attrs) // a want of 0 must still be reported
+		assert.Equal(t, c.want, got, c.metric)
 		assert.Equal(t, c.unit, ms[c.metric].Unit, c.metric)
 	}
 	for _, name := range []string{brokerotel.MetricTopicQueueOldestAge, brokerotel.MetricSubscriberQueueOldest} {
@@ -224,7 +226,9 @@ func TestObserveStats(t *testing.T) {
 	release()
 	closeBroker(t, b)
 	ms = e.collect(t) // Stats work after Close: the queues are empty now
-	assert.Zero(t, value(t, ms, brokerotel.MetricTopicQueueSize, topic...))
+	size, ok := lookup(t, ms, brokerotel.MetricTopicQueueSize, topic...)
+	assert.True(t, ok, "the topic is still reported after Close")
+	assert.Zero(t, size)
 	assert.NotContains(t, ms, brokerotel.MetricSubscriberQueueSize, "no active subscriber left to report")
 
 	require.NoError(t, reg.Unregister())

@@ -81,10 +81,10 @@ func (t *Telemetry) creationContext(ctx context.Context, carrier propagation.Tex
 // context gets a new trace. The handler's context carries the span (and
 // what the propagator extracted, such as baggage).
 //
-// A failed attempt (an error, a panic, a deadline passed) sets the span's
-// status to Error with error.type set to the broker's error code, and
-// records the error; the code is "timeout" when the attempt's deadline had
-// passed, as the broker files it.
+// A failed attempt (an error, a panic or runtime.Goexit, a deadline
+// passed) sets the span's status to Error with error.type set to the
+// broker's error code, and records the error; the code is "timeout" when
+// the attempt's deadline had passed, as the broker files it.
 func (t *Telemetry) Middleware(sub broker.SubscriberInfo, next broker.Handler) broker.Handler {
 	if next == nil {
 		return nil // the broker refuses it: a middleware returned a nil handler
@@ -116,13 +116,27 @@ func (t *Telemetry) Middleware(sub broker.SubscriberInfo, next broker.Handler) b
 		}
 		t.inst.consumed.Add(context.Background(), 1, ss.base.add...)
 
+		returned := false
 		defer func() {
-			if v := recover(); v != nil { // a middleware inside this one panicked
-				t.finish(ctx, span, start, ss, &broker.PanicError{Value: v, Stack: debug.Stack()})
+			if returned {
+				return
+			}
+			// next panicked (a middleware inside this one: the broker
+			// recovers the handler's own panics) or called runtime.Goexit
+			// (recover returns nil); the broker files either as a panic.
+			// End the span and record the attempt before it goes on.
+			v := recover()
+			cause := v
+			if v == nil {
+				cause = "runtime.Goexit called"
+			}
+			t.finish(ctx, span, start, ss, &broker.PanicError{Value: cause, Stack: debug.Stack()})
+			if v != nil {
 				panic(v)
 			}
 		}()
 		err = next(sctx, msg)
+		returned = true
 		t.finish(ctx, span, start, ss, err)
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/inproc/broker/brokerotel"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -288,6 +290,31 @@ func TestPanickingInnerMiddleware(t *testing.T) {
 	consumer := e.one(t, "process orders")
 	assert.Equal(t, codes.Error, consumer.Status().Code)
 	assert.Equal(t, "panic", attrs(consumer.Attributes())["error.type"])
+}
+
+// TestHandlerGoexit: a handler that calls runtime.Goexit (as t.FailNow
+// does) never returns to the middleware; its span is still ended, as a
+// panic, and its duration recorded.
+func TestHandlerGoexit(t *testing.T) {
+	e := newEnv(t, brokerotel.Options{})
+	b := e.broker(t, broker.WithRetryPolicy(broker.RetryPolicy{}))
+	_, err := b.Subscribe("orders", "billing", func(context.Context, broker.Message) error {
+		runtime.Goexit()
+		return nil
+	})
+	require.NoError(t, err)
+	require.NoError(t, b.Publish(context.Background(), broker.Message{ID: "m1", Topic: "orders"}))
+	closeBroker(t, b)
+
+	dls, err := b.DeadLetters().List(context.Background(), broker.DeadLetterFilter{})
+	require.NoError(t, err)
+	require.Len(t, dls, 1)
+	require.Equal(t, "panic", dls[0].ErrorCode, "the broker's code")
+	consumer := e.one(t, "process orders")
+	assert.Equal(t, codes.Error, consumer.Status().Code)
+	assert.Equal(t, "panic", attrs(consumer.Attributes())["error.type"])
+	base := []attribute.KeyValue{system, opProcess, typeProcess, dest("orders"), subscription("billing"), errorType("panic")}
+	assert.Equal(t, 1.0, value(t, e.collect(t), "messaging.process.duration", base...), "the attempt's duration is recorded")
 }
 
 func TestZeroOptionsUseGlobals(t *testing.T) {
