@@ -73,7 +73,7 @@ func BenchmarkIdempotency(b *testing.B) {
 // server's acknowledgement) and delivered. msgs/s counts messages
 // published and delivered per second of the whole run.
 //
-//	go test -run '^$' -bench DurableDefault -benchtime 5000x
+//	go test -run '^$' -bench DurableDefault -benchtime 10000x -count 3 .
 func BenchmarkDurableDefault(b *testing.B) {
 	for _, bc := range []struct {
 		name        string

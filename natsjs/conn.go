@@ -132,13 +132,11 @@ func Embedded(dir string, opts ...EmbedOption) (*Conn, error) {
 	}
 	srv.Start()
 	if !srv.ReadyForConnections(cfg.readyTimeout) {
-		srv.Shutdown()
-		srv.WaitForShutdown()
+		stopServer(srv)
 		return nil, fmt.Errorf("natsjs: embedded server not ready after %v", cfg.readyTimeout)
 	}
 	if !srv.JetStreamEnabled() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
+		stopServer(srv)
 		return nil, errors.New("natsjs: embedded server started without JetStream")
 	}
 	nopts := []nats.Option{nats.Name("inproc-broker-embedded")}
@@ -154,17 +152,21 @@ func Embedded(dir string, opts ...EmbedOption) (*Conn, error) {
 	}
 	nc, err := nats.Connect(url, nopts...)
 	if err != nil {
-		srv.Shutdown()
-		srv.WaitForShutdown()
+		stopServer(srv)
 		return nil, fmt.Errorf("natsjs: connect to the embedded server: %w", err)
 	}
 	c, err := newConn(nc, srv)
 	if err != nil {
-		srv.Shutdown()
-		srv.WaitForShutdown()
+		stopServer(srv)
 		return nil, err
 	}
 	return c, nil
+}
+
+// stopServer shuts srv down and waits until it has stopped.
+func stopServer(srv *server.Server) {
+	srv.Shutdown()
+	srv.WaitForShutdown()
 }
 
 // Connect connects to a NATS server or cluster at url (one URL, or several
@@ -247,8 +249,7 @@ func (c *Conn) close(ctx context.Context) error {
 		c.nc.Close() // Drain closed it already when reconnecting; Close is idempotent
 	}
 	if c.srv != nil {
-		c.srv.Shutdown()
-		c.srv.WaitForShutdown()
+		stopServer(c.srv)
 	}
 	return errors.Join(errs...)
 }

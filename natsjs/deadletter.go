@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/inproc/broker"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -102,9 +103,6 @@ func (s *DeadLetterStore) Put(ctx context.Context, dl broker.DeadLetter) error {
 	if err != nil {
 		return fmt.Errorf("%w: %q: %v", ErrInvalidDeadLetter, dl.ID, err)
 	}
-	if maxp := s.js.Conn().MaxPayload(); maxp > 0 && int64(len(data)) > maxp {
-		return fmt.Errorf("%w: dead letter %q is %d bytes encoded, the server allows %d", ErrTooLarge, dl.ID, len(data), maxp)
-	}
 	// The common case, a new ID, takes one round trip: the publish is
 	// accepted only if no message of this ID is stored.
 	subj := s.subject(&dl)
@@ -114,12 +112,12 @@ func (s *DeadLetterStore) Put(ctx context.Context, dl broker.DeadLetter) error {
 		return nil
 	}
 	if !wrongLastSequence(err) {
-		return fmt.Errorf("natsjs: put dead letter %q: %w", dl.ID, err)
+		return s.putError(&dl, len(data), err)
 	}
 	// The ID is stored: publish the new version, then purge the older ones.
 	ack, err := s.js.Publish(ctx, subj, data, jetstream.WithExpectStream(s.name))
 	if err != nil {
-		return fmt.Errorf("natsjs: put dead letter %q: %w", dl.ID, err)
+		return s.putError(&dl, len(data), err)
 	}
 	// Not cancelled with ctx: the new version is stored, and leaving the old
 	// one would show the ID twice until its next Put or Delete (List and
@@ -129,6 +127,19 @@ func (s *DeadLetterStore) Put(ctx context.Context, dl broker.DeadLetter) error {
 		return fmt.Errorf("natsjs: put dead letter %q: purge the version it replaces: %w", dl.ID, err)
 	}
 	return nil
+}
+
+// putError is Put's error for err, the error of publishing dl (size
+// bytes encoded). The client refuses a message whose data and headers
+// exceed the server's max_payload (the headers count too, so an encoded
+// dead letter a little under it can be refused): that is ErrTooLarge,
+// which trying again cannot help.
+func (s *DeadLetterStore) putError(dl *broker.DeadLetter, size int, err error) error {
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return fmt.Errorf("%w: dead letter %q is %d bytes encoded, with its headers more than the server allows (%d)",
+			ErrTooLarge, dl.ID, size, s.js.Conn().MaxPayload())
+	}
+	return fmt.Errorf("natsjs: put dead letter %q: %w", dl.ID, err)
 }
 
 // wrongLastSequence reports whether err is JetStream refusing a publish

@@ -16,7 +16,8 @@ var (
 	// broker.ErrDeadLetterRefused: trying again cannot help.
 	ErrInvalidDeadLetter = fmt.Errorf("natsjs: invalid dead letter (%w)", broker.ErrDeadLetterRefused)
 	// ErrTooLarge is returned by DeadLetterStore.Put when the encoded dead
-	// letter exceeds the server's max_payload (1 MiB by default). It wraps
+	// letter, with the publish's headers, exceeds the server's max_payload
+	// (1 MiB by default). It wraps
 	// broker.ErrDeadLetterRefused: the broker does not retry such a Put.
 	ErrTooLarge = fmt.Errorf("natsjs: dead letter larger than the server's max payload (%w)", broker.ErrDeadLetterRefused)
 	// ErrCorrupt wraps the reason a stored dead letter could not be decoded

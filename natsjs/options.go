@@ -162,22 +162,38 @@ func WithWindow(d time.Duration) Option {
 // (1 if not given; at most 5).
 func WithReplicas(n int) Option {
 	return func(c *storeConfig) error {
-		if n < 1 || n > 5 {
-			return fmt.Errorf("%w: replicas %d: want 1 to 5", ErrInvalidOption, n)
+		if err := validReplicas(n); err != nil {
+			return err
 		}
 		c.replicas = n
 		return nil
 	}
 }
 
+// validReplicas reports why n cannot be a stream's replica count.
+func validReplicas(n int) error {
+	if n < 1 || n > 5 {
+		return fmt.Errorf("%w: replicas %d: want 1 to 5", ErrInvalidOption, n)
+	}
+	return nil
+}
+
 // WithStorage picks file (the default: survives restarts) or memory
 // storage for the stream or bucket.
 func WithStorage(st jetstream.StorageType) Option {
 	return func(c *storeConfig) error {
-		if st != jetstream.FileStorage && st != jetstream.MemoryStorage {
-			return fmt.Errorf("%w: storage type %d", ErrInvalidOption, st)
+		if err := validStorage(st); err != nil {
+			return err
 		}
 		c.storage = st
 		return nil
 	}
+}
+
+// validStorage reports why st is not a storage type (file or memory).
+func validStorage(st jetstream.StorageType) error {
+	if st != jetstream.FileStorage && st != jetstream.MemoryStorage {
+		return fmt.Errorf("%w: storage type %d", ErrInvalidOption, st)
+	}
+	return nil
 }

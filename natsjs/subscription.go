@@ -124,7 +124,6 @@ const inboxBuffer = 64
 // without being replaced.
 type partitionLoop struct {
 	s      *subscription
-	p      int
 	name   string // the durable consumer
 	nc     *nats.Conn
 	next   string // the pull request subject
@@ -164,7 +163,7 @@ func (s *subscription) newLoop(ctx context.Context, p int) (*partitionLoop, erro
 	}
 	nc := s.t.js.Conn()
 	l := &partitionLoop{
-		s: s, p: p, name: name, nc: nc, cfg: cfg, hb: exp / 2, pull: req,
+		s: s, name: name, nc: nc, cfg: cfg, hb: exp / 2, pull: req,
 		next:   prefix + "CONSUMER.MSG.NEXT." + s.ts.stream + "." + name,
 		inbox:  make(chan *nats.Msg, inboxBuffer),
 		closed: make(chan struct{}),
@@ -370,9 +369,13 @@ func (l *partitionLoop) flush() {
 	}
 }
 
+// logAttrs logs on the transport's logger. A panic of the logger's
+// handler (the user's) is dropped: it must not end the pull loop, and with
+// it the process.
 func (l *partitionLoop) logAttrs(level slog.Level, msg string, err error) {
+	defer func() { _ = recover() }()
 	s := l.s
-	s.t.log.LogAttrs(context.Background(), level, msg,
+	s.t.cfg.logger.LogAttrs(context.Background(), level, msg,
 		slog.String("topic", s.ts.topic), slog.String("subscriber", s.sub.Name),
 		slog.String("stream", s.ts.stream), slog.String("consumer", l.name), slog.String("error", err.Error()))
 }
@@ -412,16 +415,30 @@ func (l *partitionLoop) handle(m *nats.Msg) {
 // process died after storing it and before the server heard of the
 // outcome): d is then terminated without running.
 func (l *partitionLoop) deadLettered(d *delivery) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, ok, err := l.s.t.cfg.deadLetters.Get(ctx, d.dlID)
-	if err != nil || !ok {
+	if ok, err := l.storedDeadLetter(d.dlID); err != nil || !ok {
 		return false // the broker decides; at worst the dead letter is written again, replacing this one
 	}
 	if err := d.Terminate("dead-lettered before a restart"); err != nil {
 		l.logAttrs(slog.LevelWarn, "natsjs: terminating a message already dead-lettered failed; it comes back", err)
 	}
 	return true
+}
+
+// storedDeadLetter asks the dead-letter store (the user's, with
+// WithDeadLetterCheck) whether id is stored. A panic there is logged and
+// returned as an error, so that it ends neither the pull loop nor the
+// process.
+func (l *partitionLoop) storedDeadLetter(id string) (ok bool, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			ok, err = false, fmt.Errorf("natsjs: DeadLetterStore.Get panicked: %v", v)
+			l.logAttrs(slog.LevelError, "natsjs: the dead-letter store panicked; the broker decides", err)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, ok, err = l.s.t.cfg.deadLetters.Get(ctx, id)
+	return ok, err
 }
 
 // acquire takes a slot, telling the server the message is held meanwhile

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,7 +37,6 @@ import (
 type Transport struct {
 	js      jetstream.JetStream
 	cfg     transportConfig
-	log     *slog.Logger
 	own     *Conn     // closed by Close (Open's embedded server); nil: the caller's
 	started time.Time // messages stored before it may have run before a crash
 
@@ -68,7 +66,7 @@ func NewTransport(js jetstream.JetStream, opts ...TransportOption) (*Transport, 
 		return nil, err
 	}
 	return &Transport{
-		js: js, cfg: cfg, log: cfg.logger, started: time.Now(),
+		js: js, cfg: cfg, started: time.Now(),
 		topics: make(map[string]*topicState), subs: make(map[*subscription]struct{}),
 	}, nil
 }
@@ -89,7 +87,7 @@ type topicState struct {
 
 	mu    sync.Mutex // held while looking the stream up or creating it
 	ready atomic.Bool
-	parts int // set before ready
+	parts int // set once, before ready; never changed after
 }
 
 // msgSubject is the subject of partition p's messages.
@@ -199,9 +197,17 @@ func (t *Transport) topic(ctx context.Context, topic string, create bool) (*topi
 	return ts, nil
 }
 
-// forget makes the next use of ts look its stream up again (it was
-// deleted, say).
-func (ts *topicState) forget() { ts.ready.Store(false) }
+// forget makes the next use of ts's topic look its stream up again (it
+// was deleted, say), in a new topicState: ts itself is not changed, as
+// Publish calls and subscriptions still holding it read its parts without
+// a lock.
+func (t *Transport) forget(ts *topicState) {
+	t.mu.Lock()
+	if t.topics[ts.topic] == ts {
+		delete(t.topics, ts.topic)
+	}
+	t.mu.Unlock()
+}
 
 // openStream creates ts's stream, or finds it and checks that it is one of
 // ours with a partition count this transport can use, updating its queue
@@ -335,7 +341,7 @@ func (t *Transport) publish(ctx context.Context, ts *topicState, m *nats.Msg, id
 		}
 		if !streamFull(err) {
 			if errors.Is(err, jetstream.ErrNoStreamResponse) {
-				ts.forget() // deleted? the next Publish creates it again
+				t.forget(ts) // deleted? the next Publish creates it again
 			}
 			return fmt.Errorf("natsjs: publish to stream %s: %w", ts.stream, err)
 		}

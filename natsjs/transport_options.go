@@ -182,8 +182,8 @@ func WithPublishDedupWindow(d time.Duration) TransportOption {
 // storage for the topics' streams the transport creates.
 func WithStreamStorage(st jetstream.StorageType) TransportOption {
 	return func(c *transportConfig) error {
-		if st != jetstream.FileStorage && st != jetstream.MemoryStorage {
-			return fmt.Errorf("%w: storage type %d", ErrInvalidOption, st)
+		if err := validStorage(st); err != nil {
+			return err
 		}
 		c.storage = st
 		return nil
@@ -194,8 +194,8 @@ func WithStreamStorage(st jetstream.StorageType) TransportOption {
 // stream (1 if not given; at most 5).
 func WithStreamReplicas(n int) TransportOption {
 	return func(c *transportConfig) error {
-		if n < 1 || n > 5 {
-			return fmt.Errorf("%w: replicas %d: want 1 to 5", ErrInvalidOption, n)
+		if err := validReplicas(n); err != nil {
+			return err
 		}
 		c.replicas = n
 		return nil

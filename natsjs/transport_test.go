@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -609,5 +611,63 @@ func TestConsumerDeletedWhileSubscribed(t *testing.T) {
 	})
 	if _, err := r.tr.ConsumerInfo(t.Context(), "deleted", "s"); err != nil {
 		t.Errorf("ConsumerInfo after the consumer came back: %v", err)
+	}
+}
+
+// panickingGet is a dead-letter store whose Get panics (the other methods
+// are not called by the transport).
+type panickingGet struct{ broker.DeadLetterStore }
+
+func (panickingGet) Get(context.Context, string) (broker.DeadLetter, bool, error) {
+	panic("store bug")
+}
+
+// TestDeadLetterCheckSurvivesAPanickingStore: a dead-letter store whose Get
+// panics, looked up before a redelivery, counts as not knowing the dead
+// letter: the message runs and is delivered, and the process goes on.
+func TestDeadLetterCheckSurvivesAPanickingStore(t *testing.T) {
+	conn := embedded(t, "")
+	r := newRig(t, conn, true, []natsjs.TransportOption{natsjs.WithDeadLetterCheck(panickingGet{})})
+	c := &calls{}
+	r.subscribe(t, "panicky", "s", c.handler("", func(_ context.Context, m broker.Message) error {
+		if m.Attempt == 1 {
+			return errors.New("once")
+		}
+		return nil
+	}))
+	r.publish(t, broker.Message{ID: "m", Topic: "panicky"})
+	waitFor(t, "the redelivery", func() bool { return subStats(r.b, "panicky", "s").Delivered == 1 })
+	if got := c.attempts("m"); !slices.Equal(got, []int{1, 2}) {
+		t.Errorf("attempts = %v, want [1 2]", got)
+	}
+}
+
+// TestPublishAfterTheStreamIsDeleted: a topic's stream deleted under the
+// transport is created again by the next Publish, with its partitions,
+// while several publishers find it gone at once.
+func TestPublishAfterTheStreamIsDeleted(t *testing.T) {
+	conn := embedded(t, "")
+	r := newRig(t, conn, true, []natsjs.TransportOption{natsjs.WithPartitions(4)})
+	r.publish(t, broker.Message{ID: "first", Topic: "gone"})
+	if err := conn.JetStream().DeleteStream(t.Context(), r.tr.StreamName("gone")); err != nil {
+		t.Fatalf("DeleteStream: %v", err)
+	}
+	var wg sync.WaitGroup
+	for p := range 4 {
+		wg.Go(func() {
+			m := broker.Message{ID: fmt.Sprintf("m-%d", p), Topic: "gone", Key: strconv.Itoa(p)}
+			deadline := time.Now().Add(10 * time.Second)
+			for r.b.Publish(context.Background(), m) != nil {
+				if time.Now().After(deadline) {
+					t.Errorf("Publish(%s) still failing 10s after the stream was deleted", m.ID)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	names, err := r.tr.ConsumerNames(t.Context(), "gone", "s")
+	if err != nil || len(names) != 4 {
+		t.Errorf("ConsumerNames = %v, %v; want 4 (the stream is back with its partitions)", names, err)
 	}
 }
