@@ -75,6 +75,19 @@ func TestReplicasShareTheWork(t *testing.T) {
 		return byID, per
 	}
 	waitFor(t, "every message handled", func() bool { m, _ := handledBy(); return len(m) == n })
+	// A handler is recorded when it starts; its broker counts the outcome
+	// after it returns. Wait for the last outcomes before reading Stats.
+	waitFor(t, "every attempt counted", func() bool {
+		var delivered uint64
+		for _, r := range rigs {
+			ss := subStats(r.b, "jobs", "workers")
+			if ss.InFlight != 0 {
+				return false
+			}
+			delivered += ss.Delivered
+		}
+		return delivered >= n
+	})
 	w.halt()
 
 	byID, per := handledBy()
