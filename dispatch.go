@@ -15,9 +15,15 @@ type topic struct {
 	q    *queue.Queue[envelope]
 	subs atomic.Pointer[[]*Subscription] // routing snapshot, copy on write under mu
 
-	dispatched atomic.Uint64   // messages the dispatcher took out of the queue (routed), ever
-	leaving    []*Subscription // unsubscribing, still owed messages (guarded by mu)
-	nLeaving   atomic.Int32    // len(leaving), read without the lock
+	dispatched atomic.Uint64 // messages the dispatcher took out of the queue (routed), ever
+	// routeMu is held by the dispatcher while it routes, except while it
+	// waits for room in a lane (and for messages): an Unsubscribe at its
+	// deadline takes it to claim what its subscriber is still owed (see
+	// claimOwed). It guards route.
+	routeMu  sync.Mutex
+	route    batchRoute
+	leaving  []*Subscription // unsubscribing, still owed messages (guarded by mu)
+	nLeaving atomic.Int32    // len(leaving), read without the lock
 
 	blockMu sync.Mutex // guards blocked, and the move of a wait into its subscriber's total
 	blocked blockedOn  // whose full lane the dispatcher waits for, since when; s is nil when it does not
@@ -71,7 +77,6 @@ const dispatchBatch = 64
 // then it closes the subscribers' lanes so their workers can finish.
 func (t *topic) dispatch() {
 	defer t.b.wg.Done()
-	var r batchRoute
 	var buf [dispatchBatch]envelope
 	for {
 		envs, ok := t.q.TakeWait(t.kick, buf[:])
@@ -82,7 +87,9 @@ func (t *topic) dispatch() {
 			t.tryRetire() // kicked: the last subscriber left
 			continue
 		}
-		t.routeBatch(envs, &r)
+		t.routeMu.Lock()
+		t.routeBatch(envs, &t.route)
+		t.routeMu.Unlock()
 		if len(*t.subs.Load()) == 0 {
 			t.tryRetire() // routed to nobody: retire if nothing else came
 		}
@@ -101,6 +108,9 @@ type batchRoute struct {
 	subs   []*Subscription
 	got    []int // per subscriber: how many of the batch it has (or skips)
 	lo, hi []int // per subscriber: the part of the batch it is owed, [lo, hi)
+
+	envs []envelope // the batch being routed; nil between batches
+	pos  int        // the message of envs being routed
 }
 
 // span returns the part [lo, hi) of a batch of n that s is owed: from the
@@ -108,6 +118,9 @@ type batchRoute struct {
 // subscription of its name was still leaving) to the last one accepted
 // before its Unsubscribe (its leaveAt).
 func (r *batchRoute) span(s *Subscription, n int) (lo, hi int) {
+	if s.lane.claimed.Load() {
+		return n, n // its Unsubscribe took what it is owed
+	}
 	hi = n
 	if w := s.leaveAt.Load(); w > 0 {
 		hi = int(min(uint64(n), w-min(w, r.base)))
@@ -173,6 +186,8 @@ func (r *batchRoute) reset(snap *[]*Subscription, base uint64, n int) {
 func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 	n := len(envs)
 	r.reset(t.subs.Load(), t.dispatched.Load(), n)
+	r.envs, r.pos = envs, 0
+	defer func() { r.envs = nil }()
 	var accepted [dispatchBatch]bool
 	for si, s := range r.subs {
 		lo, hi := r.lo[si], r.hi[si]
@@ -202,6 +217,7 @@ func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 		}
 	}
 	for i := range n {
+		r.pos = i
 		for more := true; more; {
 			// Until no subscriber is owed message i: one that joins while
 			// the dispatcher waits for room gets it too.
@@ -274,6 +290,60 @@ func (t *topic) finishLeaving(all bool) {
 		s.closeLanes()
 		close(s.left)
 	}
+}
+
+// claimOwed is s's Unsubscribe at its deadline (s stopped at once) taking
+// the messages s is owed that the dispatcher has not routed to it yet —
+// those of the batch being routed from s's place on, and those still in
+// the queue accepted before the Unsubscribe — for the caller to
+// dead-letter, so that its DrainError counts them. From then on the
+// dispatcher routes s nothing (its lane is claimed). The dispatcher holds
+// routeMu except while it waits for room in a lane or for messages, so
+// claimOwed waits for such a moment, polling, and gives up (false) when
+// stop fires first; nothing is owed (true) once left is closed.
+func (t *topic) claimOwed(s *Subscription, stop <-chan time.Time) (owed []envelope, ok bool) {
+	var tick *time.Ticker
+	for !t.routeMu.TryLock() {
+		if tick == nil {
+			tick = time.NewTicker(time.Millisecond)
+			defer tick.Stop()
+		}
+		select {
+		case <-s.left:
+			return nil, true
+		case <-stop:
+			return nil, false
+		case <-tick.C:
+		}
+	}
+	defer t.routeMu.Unlock()
+	select {
+	case <-s.left:
+		return nil, true
+	default:
+	}
+	r := &t.route
+	from := max(t.dispatched.Load(), s.startAt) // the queue's oldest message, between batches
+	if n := len(r.envs); n > 0 {
+		got, hi := -1, 0
+		for k, x := range r.subs {
+			if x == s {
+				got, hi = r.got[k], r.hi[k]
+				r.got[k] = n
+				break
+			}
+		}
+		if got < 0 { // not seen yet: it would be followed from the message being routed
+			lo, h := r.span(s, n)
+			got, hi = max(lo, r.pos), h
+		}
+		if got < hi {
+			owed = append(owed, r.envs[got:hi]...)
+		}
+		from = max(r.base+uint64(n), s.startAt)
+	}
+	s.lane.claim()
+	return t.q.Range(from, s.leaveAt.Load(), owed), true
 }
 
 // unrouted counts a message that no subscriber got.

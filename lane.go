@@ -117,6 +117,12 @@ type lane struct {
 	// of the last batch taken: no message still local is older.
 	localSince atomic.Int64
 
+	// claimed is set (under mu) when a stopped subscription's Unsubscribe
+	// took the messages it was owed that the dispatcher had not routed yet
+	// (topic.claimOwed): the dispatcher's later pushes of them are no-ops
+	// that count as routed there, so each ends once.
+	claimed atomic.Bool
+
 	closed  bool           // no more pushes; workers finish what is left
 	stopped bool           // stopped at once: workers return, the stopper dead-letters the rest
 	room    chan struct{}  // closed when room appears; nil while no producer waits
@@ -184,6 +190,9 @@ func (l *lane) push(it laneItem, noShed bool) (victim laneItem, shed bool, err e
 }
 
 func (l *lane) pushLocked(it laneItem, noShed bool) (victim laneItem, shed bool, err error) {
+	if !it.redriven && l.claimed.Load() {
+		return victim, false, nil // its Unsubscribe dead-lettered it (claimOwed)
+	}
 	if l.closed || l.stopped {
 		return victim, false, queue.ErrClosed
 	}
@@ -220,6 +229,9 @@ func (l *lane) pushLocked(it laneItem, noShed bool) (victim laneItem, shed bool,
 func (l *lane) pushN(envs []envelope) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.claimed.Load() {
+		return len(envs), nil // its Unsubscribe dead-lettered them (claimOwed)
+	}
 	if l.closed || l.stopped {
 		return 0, queue.ErrClosed
 	}
@@ -551,6 +563,13 @@ func (l *lane) close() {
 		l.roomWanted.Store(false)
 	}
 	l.work.Broadcast()
+	l.mu.Unlock()
+}
+
+// claim marks the lane claimed (see lane.claimed).
+func (l *lane) claim() {
+	l.mu.Lock()
+	l.claimed.Store(true)
 	l.mu.Unlock()
 }
 

@@ -102,7 +102,12 @@ func (b *Broker) Close(ctx context.Context) error {
 // their retries) until ctx ends; then it
 // cancels the running handlers' contexts, waits for them to return, and
 // dead-letters every unfinished message with reason "unsubscribed",
-// returning a *DrainError that says how many. Handlers see their context's
+// returning a *DrainError that says how many (owed messages the topic's
+// dispatcher had not reached, because it waits for room in another
+// subscriber's lane, included: Unsubscribe takes them from it; only if the
+// dispatcher stays inside an Observer or a dead-letter store's Put for the
+// whole ShutdownGrace does it dead-letter them itself, uncounted, after
+// Unsubscribe returned). Handlers see their context's
 // cause match ErrUnsubscribed. As Close does, it waits at most ShutdownGrace
 // for them, then abandons a handler that ignores its context (its message
 // is dead-lettered and counted in DrainError.Abandoned). When it returns,
@@ -151,20 +156,28 @@ func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 	case <-ctx.Done():
 		s.cancel(errUnsubscribed)
 		s.stopNow()
-		// Owed messages the dispatcher reaches now are dead-lettered as it
-		// routes them; wait for that (and the handlers) at most the grace.
+		// Owed messages the dispatcher has not routed yet (it may wait for
+		// room in another subscriber's lane) are dead-lettered here, so that
+		// the DrainError counts them; then the handlers have the rest of
+		// the grace to return.
 		grace := time.NewTimer(ShutdownGrace)
-		for left, done := s.left, s.done; left != nil || done != nil; {
+		owed, claimed := t.claimOwed(s, grace.C)
+		for i := range owed {
+			s.cutOffUnrouted(&laneItem{env: owed[i]})
+		}
+		if claimed {
 			select {
-			case <-left:
-				left = nil
-			case <-done:
-				done = nil
+			case <-s.done:
 			case <-grace.C:
 				s.abandon()
 				<-s.done
-				left, done = nil, nil
 			}
+		} else {
+			// The dispatcher stayed busy (in an Observer or a store) for the
+			// whole grace: what it routes s from now on, it dead-letters
+			// itself, after Unsubscribe returned.
+			s.abandon()
+			<-s.done
 		}
 		grace.Stop()
 	}

@@ -218,40 +218,80 @@ func TestRedriveDuringClose(t *testing.T) {
 
 // Every message accepted before Unsubscribe is owed to the leaving
 // subscription. When its ctx ends while some of them still wait behind
-// another subscriber's full lane, its DrainError counts the ones it had;
-// the rest are dead-lettered with reason "unsubscribed" as the dispatcher
-// reaches them: none is lost, and none goes to a later subscription of the
-// name.
+// another subscriber's full lane (in the dispatcher's batch, or still in
+// the topic queue), Unsubscribe dead-letters them with reason
+// "unsubscribed" before it returns, and its DrainError counts every one:
+// none is lost, none ends twice, and none goes to a later subscription of
+// the name.
 func TestOwedMessagesBehindABlockedDispatcher(t *testing.T) {
-	bubble(t, func(t *testing.T) {
-		b := newTestBroker(t, WithQueueSize(8))
-		release := make(chan struct{})
-		_, err := b.Subscribe("t", "a", blockUntil(release), LaneSize(1))
-		require.NoError(t, err)
-		s, err := b.Subscribe("t", "s", blockUntilCancelled, LaneSize(1))
-		require.NoError(t, err)
-		publishN(t, b, "t", "m", 6)
-		idle()
-		de := stopWithin(t, time.Second, s.Unsubscribe)
-		assert.Equal(t, 2, de.DeadLettered, "m-0 (cancelled) and m-1 (in its lane)")
-		var again calls
-		_, err = b.Subscribe("t", "s", okHandler(&again))
-		require.NoError(t, err)
-		close(release)
-		settle(t, b)
-		var forS int
-		for _, dl := range deadLetters(t, b) {
-			if dl.Subscriber == "s" {
-				forS++
-				assert.Equal(t, ReasonUnsubscribed, dl.Reason)
-			}
-		}
-		assert.Equal(t, 6, forS, "every message accepted before the call ended at the leaving subscription")
-		assert.Zero(t, again.len(), "the new subscription of the name got none of them")
-		ss := subStats(t, b, "t", "s")
-		assert.Equal(t, uint64(6), ss.Routed)
-		requireConserved(t, b.Stats())
-	})
+	tests := []struct {
+		name      string
+		joinLate  bool // s subscribes while the dispatcher waits mid-batch
+		before    int  // published before s's Unsubscribe (after s joined, if late)
+		owed, ran int
+	}{
+		{name: "in the batch", before: 6, owed: 6, ran: 1},
+		{name: "in the batch and the queue", before: 9, owed: 9, ran: 1},
+		{name: "joined while the dispatcher waits", joinLate: true, before: 2, owed: 6},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				b := newTestBroker(t, WithQueueSize(8))
+				release := make(chan struct{})
+				_, err := b.Subscribe("t", "a", blockUntil(release), LaneSize(1))
+				require.NoError(t, err)
+				var ran calls
+				subscribeS := func() *Subscription {
+					s, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
+						ran.add(m)
+						<-ctx.Done()
+						return ctx.Err()
+					}, LaneSize(1))
+					require.NoError(t, err)
+					return s
+				}
+				var s *Subscription
+				if tc.joinLate {
+					publishN(t, b, "t", "early", 6) // a runs 1, holds 1; the dispatcher waits with the 3rd
+					idle()
+					s = subscribeS()
+				} else {
+					s = subscribeS()
+				}
+				for i := range tc.before {
+					require.NoError(t, b.Publish(context.Background(), Message{Topic: "t", ID: fmt.Sprintf("m-%d", i)}))
+					if i == 5 {
+						idle() // the dispatcher took a batch of 6; the rest stay in the queue
+					}
+				}
+				idle()
+				de := stopWithin(t, time.Second, s.Unsubscribe)
+				assert.Equal(t, tc.owed, de.DeadLettered)
+				assert.Equal(t, tc.ran, ran.len())
+				forS := func() int {
+					n := 0
+					for _, dl := range deadLetters(t, b) {
+						if dl.Subscriber == "s" {
+							n++
+							assert.Equal(t, ReasonUnsubscribed, dl.Reason)
+						}
+					}
+					return n
+				}
+				assert.Equal(t, tc.owed, forS(), "in the store when Unsubscribe returned")
+				var again calls
+				_, err = b.Subscribe("t", "s", okHandler(&again))
+				require.NoError(t, err)
+				close(release)
+				settle(t, b)
+				assert.Equal(t, tc.owed, forS(), "and no more later")
+				assert.Zero(t, again.len(), "the new subscription of the name got none of them")
+				assert.Equal(t, uint64(tc.owed), subStats(t, b, "t", "s").Routed)
+				requireConserved(t, b.Stats())
+			})
+		})
+	}
 }
 
 // A subscriber that joins while the dispatcher waits mid-batch gets the rest

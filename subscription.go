@@ -156,14 +156,19 @@ func (s *Subscription) breakerChanged(from, to BreakerState) {
 
 // routeDispatched is the dispatcher's route: under Block it waits for room
 // as long as it takes (backpressure); before runs before it waits, and its
-// waits are the subscriber's BlockedFor.
+// waits are the subscriber's BlockedFor. The dispatcher lets go of the
+// topic's routeMu while it waits.
 func (s *Subscription) routeDispatched(env *envelope, before func()) error {
 	return s.route(laneItem{env: *env}, false, nil, nil,
 		func(start time.Time) {
 			before()
 			s.t.blockStart(s, start)
+			s.t.routeMu.Unlock()
 		},
-		func(d time.Duration) { s.t.blockEnd(s, d) })
+		func(d time.Duration) {
+			s.t.routeMu.Lock()
+			s.t.blockEnd(s, d)
+		})
 }
 
 // routeRedriven is Redrive's route: it never sheds, whatever the policy; a
@@ -191,16 +196,25 @@ func (s *Subscription) route(it laneItem, noShed bool, cancel <-chan struct{}, d
 		s.pipe.overflow(&victim)
 		s.c.inFlight.Add(-1) // counted by the lane as it shed it
 	}
+	if err != nil && !it.redriven && s.lane.claimed.Load() {
+		return nil // claimed while the dispatcher waited: its Unsubscribe dead-lettered it
+	}
 	if err != nil && err != queue.ErrTimeout && !s.removed.Load() && stoppedAtOnce(s.ctx) {
 		// Stopped at once while this message was on its way: it is this
 		// subscriber's, so it ends as a dead letter rather than vanishing.
-		s.c.routed.Add(1)
-		s.c.inFlight.Add(1)
-		s.pipe.cutOff(s.ctx, &it)
-		s.c.inFlight.Add(-1)
+		s.cutOffUnrouted(&it)
 		return nil
 	}
 	return err
+}
+
+// cutOffUnrouted dead-letters it, which never entered the lane of the
+// subscription that was stopped at once, as routed to it.
+func (s *Subscription) cutOffUnrouted(it *laneItem) {
+	s.c.routed.Add(1)
+	s.c.inFlight.Add(1)
+	s.pipe.cutOff(s.ctx, it)
+	s.c.inFlight.Add(-1)
 }
 
 // tryRouteN hands the subscriber as many of envs, in order, as fit in its

@@ -261,6 +261,19 @@ func (q *Queue[T]) TakeWait(stop <-chan struct{}, buf []T) (batch []T, ok bool) 
 	return buf[:k], true
 }
 
+// Range appends to buf, in order, the items still in the queue (taken or
+// not) that were the from-th to the (to-1)-th pushed, counting every push
+// from 0, and returns it. Items no longer in the queue are skipped.
+func (q *Queue[T]) Range(from, to uint64, buf []T) []T {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	first := q.pushed - uint64(q.n) // the oldest item in the ring
+	for seq := max(from, first); seq < min(to, q.pushed); seq++ {
+		buf = append(buf, q.buf[(q.head+int(seq-first))%len(q.buf)])
+	}
+	return buf
+}
+
 // Taken marks the oldest item not yet taken as taken (see TakeWait), once
 // the consumer has read it: it must not read that item again. Only the
 // consumer may call it, for an item of its view. It takes no lock unless a

@@ -531,3 +531,41 @@ func TestSnapshotIsOfOneMoment(t *testing.T) {
 	assert.Equal(t, 3, st.Head, "the consumer had taken the second")
 	assert.Equal(t, 2, moves, "read again after the consumer moved")
 }
+
+// TestRange reads items by their push number across the ring's wrap, taken
+// ones included until they settle, and skips what has left the queue.
+func TestRange(t *testing.T) {
+	q := New[int](8)
+	for i := range 6 {
+		require.NoError(t, q.TryPush(i))
+	}
+	for range 4 {
+		_, ok := q.Pop()
+		require.True(t, ok)
+	}
+	for i := 6; i < 12; i++ { // wraps: the ring holds 4 and 5, then these
+		require.NoError(t, q.TryPush(i))
+	}
+	batch, ok := q.TakeWait(nil, make([]int, 2))
+	require.True(t, ok)
+	require.Equal(t, []int{4, 5}, batch)
+	q.TakenN(2) // taken, not settled: still in the ring
+
+	tests := []struct {
+		from, to uint64
+		want     []int
+	}{
+		{0, 4, nil},            // popped
+		{2, 7, []int{4, 5, 6}}, // the popped part skipped
+		{4, 12, []int{4, 5, 6, 7, 8, 9, 10, 11}},
+		{9, 20, []int{9, 10, 11}}, // nothing pushed past 11
+		{7, 7, nil},
+		{8, 3, nil},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%d-%d", tc.from, tc.to), func(t *testing.T) {
+			assert.Equal(t, tc.want, q.Range(tc.from, tc.to, nil))
+		})
+	}
+	assert.Equal(t, []int{-1, 6, 7}, q.Range(6, 8, []int{-1}), "appends to buf")
+}
