@@ -10,6 +10,14 @@ import (
 
 // Error codes the broker assigns. A handler error with an ErrorCode() string
 // method carries its own code; RetryPolicy.ByCode can set a rule for any code.
+//
+// Codes, reasons and outcomes are one taxonomy in three places: a code
+// (DeadLetter.ErrorCode, AttemptEvent.Code) says what the last attempt's
+// error was, a reason (DeadLetter.Reason) why the message left the
+// subscriber, and an Outcome what one attempt led to. Codes and reasons
+// are strings, as SPEC's API fixes them (a user's ErrorCode() adds codes of
+// its own); where a message is cut off before any attempt failed, its code
+// is its reason, the same constant.
 const (
 	CodeError     = "error"     // any other error; retryable
 	CodeTimeout   = "timeout"   // the subscriber's HandlerTimeout passed; retryable
@@ -18,11 +26,11 @@ const (
 	CodeThrottled = "throttled" // RetryAfter(err, d); retried no sooner than d
 	// CodeShutdown and CodeUnsubscribed mark dead letters of messages that
 	// Close or Unsubscribe cut off before any attempt ended with an error.
-	CodeShutdown     = "shutdown"
-	CodeUnsubscribed = "unsubscribed"
+	CodeShutdown     = ReasonShutdown
+	CodeUnsubscribed = ReasonUnsubscribed
 	// CodeOverflow marks dead letters shed from a full lane before any
 	// attempt failed.
-	CodeOverflow = "overflow"
+	CodeOverflow = ReasonOverflow
 )
 
 // Defaults of the retry policy.
