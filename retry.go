@@ -15,9 +15,9 @@ import (
 // (DeadLetter.ErrorCode, AttemptEvent.Code) says what the last attempt's
 // error was, a reason (DeadLetter.Reason) why the message left the
 // subscriber, and an Outcome what one attempt led to. Codes and reasons
-// are strings, as SPEC's API fixes them (a user's ErrorCode() adds codes of
-// its own); where a message is cut off before any attempt failed, its code
-// is its reason, the same constant.
+// are plain strings (a user's ErrorCode() adds codes of its own, and
+// stores and dashboards carry them as text); where a message is cut off
+// before any attempt failed, its code is its reason, the same constant.
 const (
 	CodeError     = "error"     // any other error; retryable
 	CodeTimeout   = "timeout"   // the subscriber's HandlerTimeout passed; retryable
