@@ -43,7 +43,7 @@ func (b *Broker) newPipeline(topicName, name string, c *subCounters, h Handler, 
 		handler: h, timeout: sc.timeout, policy: policy, dedup: b.dedup, plugins: b.guard,
 		rec: recorder{
 			topic: topicName, subscriber: name, c: c,
-			obs: b.obs, log: b.cfg.logger, dlq: b.dlq, newID: b.newDeadLetterID,
+			obs: b.observerFor(topicName, name), log: b.cfg.logger, dlq: b.dlq, newID: b.newDeadLetterID,
 			onDeadLetter: onDeadLetter, stop: stop,
 		},
 	}
@@ -75,7 +75,7 @@ type step struct {
 	outcome Outcome       // OutcomeRetry or OutcomeDeadLettered
 	delay   time.Duration // before the retry
 	reason  string        // dead-letter reason
-	took    time.Duration // handler run time
+	took    timing        // the attempt, for the observer
 }
 
 // turnResult is what a turn left of a message.
@@ -146,7 +146,7 @@ func (p *pipeline) turn(ctx context.Context, it *laneItem, gate *atomic.Int32) t
 
 // after decides and records what follows a failed attempt of it: a retry
 // (it.last holds the failure) or a dead letter.
-func (p *pipeline) after(ctx context.Context, it *laneItem, err error, f failure, took time.Duration) turnResult {
+func (p *pipeline) after(ctx context.Context, it *laneItem, err error, f failure, took timing) turnResult {
 	msg := &it.env.msg
 	s := p.judge(ctx, msg, err, f, took)
 	h := healthNone
@@ -177,7 +177,7 @@ var errGoexit = errors.New("handler called runtime.Goexit")
 func (p *pipeline) goexited(ctx context.Context, it *laneItem) turnResult {
 	p.rec.c.failed.Add(1)
 	pe := newPanicError(errGoexit)
-	return p.after(ctx, it, pe, failure{code: CodePanic, text: pe.Error()}, 0)
+	return p.after(ctx, it, pe, failure{code: CodePanic, text: pe.Error()}, timing{})
 }
 
 // cutOff ends it, which a Close or Unsubscribe whose context ended took
@@ -195,20 +195,20 @@ func (p *pipeline) cutOff(ctx context.Context, it *laneItem) {
 		}
 	}
 	if it.last == nil || msg.Attempt == 0 {
-		p.rec.deadLetter(msg, 0, abortReason(ctx), brokerFault(abortCode(ctx), context.Cause(ctx)), false)
+		p.rec.deadLetter(msg, timing{}, abortReason(ctx), brokerFault(abortCode(ctx), context.Cause(ctx)), false)
 		return
 	}
-	p.rec.deadLetter(msg, 0, abortReason(ctx), it.last.fault, false)
+	p.rec.deadLetter(msg, timing{}, abortReason(ctx), it.last.fault, false)
 }
 
 // overflow dead-letters it, shed from a full lane.
 func (p *pipeline) overflow(it *laneItem) {
 	msg := &it.env.msg
 	if it.last != nil {
-		p.rec.deadLetter(msg, 0, ReasonOverflow, it.last.fault, false)
+		p.rec.deadLetter(msg, timing{}, ReasonOverflow, it.last.fault, false)
 		return
 	}
-	p.rec.deadLetter(msg, 0, ReasonOverflow, p.overflowFault, false)
+	p.rec.deadLetter(msg, timing{}, ReasonOverflow, p.overflowFault, false)
 }
 
 // dedupRef names one message at this subscriber for the idempotency store:
@@ -279,15 +279,14 @@ func (p *pipeline) logStoreError(op, id string, err error) {
 // failure it is classified as, and its run time (measured only for the
 // observer). A successful attempt is counted with the delivery (one counter
 // fewer on the hot path), a failed one by the caller.
-func (p *pipeline) attempt(ctx context.Context, msg *Message) (err error, f failure, took time.Duration) {
+func (p *pipeline) attempt(ctx context.Context, msg *Message) (err error, f failure, took timing) {
 	timed := p.rec.obs != nil
-	var start time.Time
 	if timed {
-		start = time.Now()
+		took.start = time.Now()
 	}
 	err, timedOut := p.call(ctx, msg)
 	if timed {
-		took = time.Since(start)
+		took.d = time.Since(took.start)
 	}
 	if err != nil {
 		err, f = vetError(err, timedOut)
@@ -296,7 +295,7 @@ func (p *pipeline) attempt(ctx context.Context, msg *Message) (err error, f fail
 }
 
 // judge decides what follows a failed attempt.
-func (p *pipeline) judge(ctx context.Context, msg *Message, err error, f failure, took time.Duration) step {
+func (p *pipeline) judge(ctx context.Context, msg *Message, err error, f failure, took timing) step {
 	s := step{fault: fault{code: f.code, err: err, text: f.text}, took: took}
 	v := p.policy.decideWith(f, msg.Attempt, p.plugins.safeBackoff)
 	s.retryable = v.retryable

@@ -248,7 +248,7 @@ func (s *Subscription) abandon() int {
 		s.c.failed.Add(1) // the attempt ran; its end is never recorded
 		s.c.inFlight.Add(1)
 		s.lane.dropped()
-		s.pipe.rec.deadLetter(&it.env.msg, 0, abortReason(s.ctx), abandonedFault(s.ctx), true) // the attempt ran: its event too
+		s.pipe.rec.deadLetter(&it.env.msg, timing{}, abortReason(s.ctx), abandonedFault(s.ctx), true) // the attempt ran: its event too
 		s.c.inFlight.Add(-1)
 		s.countAbandoned()
 		for k := w.i + 1; k < w.n; k++ { // taken, never started

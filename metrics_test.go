@@ -190,3 +190,129 @@ func TestSeveralObservers(t *testing.T) {
 	_, err := New(WithObserver(&eventLog{}, nil))
 	require.ErrorIs(t, err, ErrInvalidOption)
 }
+
+// An AttemptEvent says when the handler was called and how long it ran
+// (Start.Add(Duration) is when it returned, so an observer needs no clock
+// of its own); a deduplicated message was not attempted: zero Start.
+func TestAttemptEventTiming(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var events []AttemptEvent
+		var called []time.Time
+		obs := &funcObserver{attempted: func(e AttemptEvent) {
+			mu.Lock()
+			events = append(events, e)
+			mu.Unlock()
+		}}
+		b := newTestBroker(t, WithObserver(obs),
+			WithRetryPolicy(RetryPolicy{MaxRetries: 1, Backoff: ConstantBackoff(time.Second)}))
+		_, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
+			mu.Lock()
+			called = append(called, time.Now())
+			mu.Unlock()
+			time.Sleep(3 * time.Second)
+			if m.Attempt == 1 {
+				return errBoom
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		published := time.Now()
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t"}))
+		time.Sleep(10 * time.Second)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t"}))
+		idle()
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, events, 3)
+		require.Len(t, called, 2)
+		for i, want := range called {
+			e := events[i]
+			assert.True(t, e.Start.Equal(want), "attempt %d: Start %v, handler called at %v", e.Attempt, e.Start, want)
+			assert.Equal(t, 3*time.Second, e.Duration)
+			assert.False(t, e.Start.Before(e.PublishedAt))
+		}
+		assert.True(t, called[0].Equal(published))
+		assert.True(t, called[1].Equal(published.Add(4*time.Second)), "3 s attempt, 1 s backoff")
+		assert.Equal(t, OutcomeDeduplicated, events[2].Outcome)
+		assert.True(t, events[2].Start.IsZero())
+	})
+}
+
+// scopedLog is a SubscriberObserver: each subscriber's events go to an
+// eventLog of its own, made by ForSubscriber as mode says.
+type scopedLog struct {
+	eventLog
+	mode   string // "scoped", "nil", "typed-nil" or "panic"
+	mu     sync.Mutex
+	scopes map[string]*eventLog
+}
+
+func (s *scopedLog) ForSubscriber(topic, name string) Observer {
+	switch s.mode {
+	case "nil":
+		return nil
+	case "typed-nil":
+		return (*eventLog)(nil)
+	case "panic":
+		panic("ForSubscriber")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := &eventLog{}
+	s.scopes[topic+"/"+name] = l
+	return l
+}
+
+// TestSubscriberObserver: an Observer that implements ForSubscriber gets a
+// subscriber's Attempted and DeadLettered events on the Observer it
+// returned for that subscriber, the others on itself; one that returns nil
+// (or a typed nil) or panics gets them all itself, the panic counted; an
+// Observer beside it that is not a SubscriberObserver gets every event.
+func TestSubscriberObserver(t *testing.T) {
+	for _, mode := range []string{"scoped", "nil", "typed-nil", "panic"} {
+		t.Run(mode, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				so := &scopedLog{mode: mode, scopes: map[string]*eventLog{}}
+				var plain eventLog
+				b := newTestBroker(t, WithObserver(so, &plain), WithRetryPolicy(RetryPolicy{MaxRetries: 0}))
+				for _, name := range []string{"a", "b"} {
+					_, err := b.Subscribe("t", name, func(_ context.Context, m Message) error {
+						if m.ID == "bad" {
+							return errBoom
+						}
+						return nil
+					})
+					require.NoError(t, err)
+				}
+				require.NoError(t, b.Publish(context.Background(), Message{ID: "ok", Topic: "t"}))
+				require.NoError(t, b.Publish(context.Background(), Message{ID: "bad", Topic: "t"}))
+				idle()
+				sub := func(name string) []string {
+					return []string{
+						`attempt t/` + name + `/ok #1 code="" retryable=false outcome=delivered delay=0s published=true`,
+						`attempt t/` + name + `/bad #1 code="error" retryable=true outcome=dead_lettered delay=0s published=true`,
+						"dead letter " + name + "/bad reason=exhausted stored=true",
+					}
+				}
+				published := []string{"published t/ok", "published t/bad"}
+				all := append(append(append([]string{}, published...), sub("a")...), sub("b")...)
+				assert.ElementsMatch(t, all, plain.events, "the plain Observer gets everything")
+				if mode != "scoped" {
+					assert.ElementsMatch(t, all, so.events)
+					assert.Empty(t, so.scopes)
+					if mode == "panic" {
+						assert.Equal(t, uint64(2), b.Stats().PluginPanics, "one per Subscribe")
+					}
+					return
+				}
+				assert.ElementsMatch(t, published, so.events, "the Observer itself: the other events")
+				require.Len(t, so.scopes, 2)
+				for _, name := range []string{"a", "b"} {
+					assert.ElementsMatch(t, sub(name), so.scopes["t/"+name].events, name)
+				}
+				assert.Zero(t, b.Stats().PluginPanics)
+			})
+		})
+	}
+}

@@ -37,6 +37,20 @@ type Observer interface {
 	DeadLettered(DeadLetterEvent)
 }
 
+// SubscriberObserver is an optional interface of an Observer that keeps
+// state per subscriber, such as a metrics adapter's series: when a
+// subscription starts, the broker calls ForSubscriber once and sends that
+// subscriber's Attempted and DeadLettered events to the Observer it
+// returns, until the subscription ends, so that the hooks need not look the
+// subscriber up on every event. The other events still go to the Observer
+// itself. A nil result (or a panic, which is recovered and counted) means
+// the Observer itself gets them. What ForSubscriber returns is guarded as
+// the Observer is.
+type SubscriberObserver interface {
+	Observer
+	ForSubscriber(topic, subscriber string) Observer
+}
+
 // NopObserver ignores every event; it is the default Observer and can be
 // embedded to implement only some hooks.
 type NopObserver struct{}
@@ -70,6 +84,7 @@ type UnroutedEvent struct {
 type AttemptEvent struct {
 	Topic, Subscriber, MessageID string
 	Attempt                      int           // 1 for the first; 0 for a deduplicated message
+	Start                        time.Time     // when the handler was called (zero for a deduplicated message); Start.Add(Duration) is when it returned
 	Duration                     time.Duration // handler run time
 	ErrorCode                    string        // empty on success
 	Retryable                    bool          // the policy allows retries for ErrorCode

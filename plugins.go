@@ -222,6 +222,41 @@ func (o guardedObserver) BreakerChanged(e BreakerEvent) {
 	bo.BreakerChanged(e)
 }
 
+// forSubscriber is o for the events of one subscriber: what o's
+// ForSubscriber returns when o is a SubscriberObserver, else o.
+func (o guardedObserver) forSubscriber(topic, name string) (scoped guardedObserver) {
+	so, ok := o.o.(SubscriberObserver)
+	if !ok {
+		return o
+	}
+	scoped = o
+	defer func() {
+		if o.g.recovered("Observer", "ForSubscriber", recover()) != nil {
+			scoped = o
+		}
+	}()
+	if s := so.ForSubscriber(topic, name); s != nil && !isNilValue(s) {
+		scoped.o = s
+	}
+	return scoped
+}
+
+// observerFor is the Observer of subscriber name's events (see
+// SubscriberObserver); nil when the broker has none.
+func (b *Broker) observerFor(topic, name string) Observer {
+	switch o := b.obs.(type) {
+	case guardedObserver:
+		return o.forSubscriber(topic, name)
+	case observers:
+		m := make(observers, len(o))
+		for i := range o {
+			m[i] = o[i].forSubscriber(topic, name)
+		}
+		return m
+	}
+	return b.obs
+}
+
 // observers fans events out to several guarded observers, in order.
 type observers []guardedObserver
 

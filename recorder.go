@@ -58,11 +58,18 @@ func (r *recorder) put(dl *DeadLetter) error {
 	return err
 }
 
-func (r *recorder) attempted(msg *Message, d time.Duration, code string, retryable bool, out Outcome, delay time.Duration, err error) {
+// timing is an attempt's, measured only when an Observer listens: when the
+// handler was called, and how long it ran.
+type timing struct {
+	start time.Time
+	d     time.Duration
+}
+
+func (r *recorder) attempted(msg *Message, t timing, code string, retryable bool, out Outcome, delay time.Duration, err error) {
 	if r.obs != nil {
 		r.obs.Attempted(AttemptEvent{
 			Topic: r.topic, Subscriber: r.subscriber, MessageID: msg.ID,
-			Attempt: msg.Attempt, Duration: d, ErrorCode: code, Retryable: retryable,
+			Attempt: msg.Attempt, Start: t.start, Duration: t.d, ErrorCode: code, Retryable: retryable,
 			Outcome: out, Delay: delay, PublishedAt: msg.PublishedAt, Err: err,
 		})
 	}
@@ -83,9 +90,9 @@ func brokerFault(code string, err error) fault {
 	return fault{code: code, err: err, text: err.Error()}
 }
 
-func (r *recorder) delivered(msg *Message, d time.Duration) {
+func (r *recorder) delivered(msg *Message, t timing) {
 	r.c.delivered.Add(1)
-	r.attempted(msg, d, "", false, OutcomeDelivered, 0, nil)
+	r.attempted(msg, t, "", false, OutcomeDelivered, 0, nil)
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {
 		r.logAttrs(slog.LevelDebug, "broker: delivered", msg, fault{}, OutcomeDelivered)
 	}
@@ -93,15 +100,15 @@ func (r *recorder) delivered(msg *Message, d time.Duration) {
 
 func (r *recorder) deduplicated(msg *Message) {
 	r.c.deduplicated.Add(1)
-	r.attempted(msg, 0, "", false, OutcomeDeduplicated, 0, nil)
+	r.attempted(msg, timing{}, "", false, OutcomeDeduplicated, 0, nil)
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {
 		r.logAttrs(slog.LevelDebug, "broker: duplicate skipped", msg, fault{}, OutcomeDeduplicated)
 	}
 }
 
-func (r *recorder) retrying(msg *Message, d, delay time.Duration, f fault) {
+func (r *recorder) retrying(msg *Message, t timing, delay time.Duration, f fault) {
 	r.c.retries.Add(1)
-	r.attempted(msg, d, f.code, true, OutcomeRetry, delay, f.err)
+	r.attempted(msg, t, f.code, true, OutcomeRetry, delay, f.err)
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {
 		r.logAttrs(slog.LevelDebug, "broker: attempt failed, retrying", msg, f, OutcomeRetry,
 			slog.Duration("delay", delay))
@@ -112,7 +119,7 @@ func (r *recorder) retrying(msg *Message, d, delay time.Duration, f fault) {
 // the store before it is counted. attempted says that msg.Attempt just ran
 // and has no event yet. It returns the store's error when the store refused
 // the dead letter until the stop's deadline.
-func (r *recorder) deadLetter(msg *Message, d time.Duration, reason string, f fault, attempted bool) error {
+func (r *recorder) deadLetter(msg *Message, t timing, reason string, f fault, attempted bool) error {
 	code, retryable := f.code, f.retryable
 	dl := DeadLetter{
 		ID:         r.newID(),
@@ -132,7 +139,7 @@ func (r *recorder) deadLetter(msg *Message, d time.Duration, reason string, f fa
 	r.c.deadLettered.Add(1)
 	r.onDeadLetter(reason)
 	if attempted {
-		r.attempted(msg, d, code, retryable, OutcomeDeadLettered, 0, f.err)
+		r.attempted(msg, t, code, retryable, OutcomeDeadLettered, 0, f.err)
 	}
 	if r.obs != nil {
 		r.obs.DeadLettered(DeadLetterEvent{DeadLetter: dl, StoreErr: storeErr})

@@ -292,7 +292,7 @@ func (s *Subscription) deliverRemote(d Delivery) {
 		// ended without an outcome (the process died during them, or the
 		// transport lost their acknowledgement). It is not run again.
 		f := brokerFault(CodeError, fmt.Errorf("broker: delivered %d times, more than the %d attempts the policy allows: earlier attempts ended without an outcome", m.Attempt, rs.maxAttempts))
-		s.terminate(d, m, 0, ReasonExhausted, f, false)
+		s.terminate(d, m, timing{}, ReasonExhausted, f, false)
 		return
 	}
 	if s.pipe.budget != nil && m.Attempt == 1 {
@@ -349,7 +349,7 @@ func (s *Subscription) handBack(d Delivery) {
 
 // terminate stores the dead letter of m, then terminates d; a dead letter
 // the store refused until the stop keeps the message with the transport.
-func (s *Subscription) terminate(d Delivery, m *Message, took time.Duration, reason string, f fault, attempted bool) {
+func (s *Subscription) terminate(d Delivery, m *Message, took timing, reason string, f fault, attempted bool) {
 	rec := s.pipe.rec
 	if ider, ok := d.(DeadLetterIDer); ok {
 		if id := ider.DeadLetterID(); id != "" {
@@ -368,7 +368,7 @@ func (s *Subscription) terminate(d Delivery, m *Message, took time.Duration, rea
 // goroutine is what keeps the transport's own goroutine (which called
 // Deliver) safe from a handler that calls runtime.Goexit: such an attempt
 // fails as a panic would, and the delivery is settled as usual.
-func (s *Subscription) attemptKeptAlive(d Delivery, m *Message) (err error, f failure, took time.Duration) {
+func (s *Subscription) attemptKeptAlive(d Delivery, m *Message) (err error, f failure, took timing) {
 	done := make(chan struct{})
 	go func() { // ends when the handler returns (or calls Goexit)
 		returned := false

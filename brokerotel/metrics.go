@@ -125,7 +125,11 @@ func (t *Telemetry) Attempted(ev broker.AttemptEvent) {
 		ss := t.sets.subscriber(ev.Topic, ev.Subscriber)
 		t.inst.delivered.Add(ctx, 1, ss.base.add...)
 		if !ev.PublishedAt.IsZero() {
-			t.inst.endToEnd.Record(ctx, seconds(time.Since(ev.PublishedAt)), ss.delivered.rec...)
+			end := ev.Start.Add(ev.Duration) // the handler's return: no clock read
+			if ev.Start.IsZero() {
+				end = time.Now()
+			}
+			t.inst.endToEnd.Record(ctx, seconds(end.Sub(ev.PublishedAt)), ss.delivered.rec...)
 		}
 	case broker.OutcomeDeduplicated:
 		ss := t.sets.subscriber(ev.Topic, ev.Subscriber)

@@ -56,8 +56,9 @@ type Collector struct {
 }
 
 var (
-	_ broker.Observer      = (*Collector)(nil)
-	_ prometheus.Collector = (*Collector)(nil)
+	_ broker.Observer           = (*Collector)(nil)
+	_ broker.SubscriberObserver = (*Collector)(nil)
+	_ prometheus.Collector      = (*Collector)(nil)
 )
 
 // seriesKey names a subscriber as Stats does (raw names, not label values).
@@ -68,6 +69,7 @@ type series struct {
 	handler [3]prometheus.Observer // by outcome: delivered, retry, dead_lettered
 	e2e     [2]prometheus.Observer // by state: delivered, dead_lettered
 	epoch   uint64                 // Collector.epoch when created
+	deleted atomic.Bool            // a scrape deleted them (subscriberHooks look again)
 }
 
 // Indexes into series.handler and series.e2e, in the order of their label
@@ -195,9 +197,11 @@ func (c *Collector) prune(st broker.Stats, epoch uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, k := range stale {
-		if s := c.series[k]; s == nil || s.epoch >= epoch {
+		s := c.series[k]
+		if s == nil || s.epoch >= epoch {
 			continue // deleted by another scrape, maybe created again since
 		}
+		s.deleted.Store(true)
 		tl, sl := labelValue(k.topic), labelValue(k.subscriber)
 		for _, o := range handlerOutcomes {
 			c.handler.DeleteLabelValues(tl, sl, o)
@@ -215,46 +219,103 @@ func has(st broker.Stats, k seriesKey) bool {
 }
 
 // Attempted observes the attempt's duration in handler_duration_seconds
-// and, for a delivered message, the time since it was published in
-// end_to_end_duration_seconds. A deduplicated message (no attempt) is not
-// observed.
+// and, for a delivered message, the time from its publication to the
+// handler's return (e.Start + e.Duration, or the clock for an event without
+// Start) in end_to_end_duration_seconds. A deduplicated message (no
+// attempt) is not observed. The broker sends a subscriber's events to the
+// Observer ForSubscriber returned for it instead, which observes the same
+// without looking the series up.
 func (c *Collector) Attempted(e broker.AttemptEvent) {
-	var i int
-	switch e.Outcome {
-	case broker.OutcomeDelivered:
-		i = outDelivered
-	case broker.OutcomeRetry:
-		i = outRetry
-	case broker.OutcomeDeadLettered:
-		i = outDeadLettered
-	default:
-		return
+	if i, ok := attemptIndex(e.Outcome); ok {
+		s, exclusive := c.acquire(seriesKey{e.Topic, e.Subscriber})
+		s.attempted(i, &e)
+		c.release(exclusive)
 	}
-	var e2e time.Duration
-	if i == outDelivered {
-		e2e = since(e.PublishedAt, time.Now())
-	}
-	s, exclusive := c.acquire(seriesKey{e.Topic, e.Subscriber})
-	s.handler[i].Observe(nonNegative(e.Duration).Seconds())
-	if i == outDelivered {
-		s.e2e[stDelivered].Observe(e2e.Seconds())
-	}
-	c.release(exclusive)
 }
 
 // DeadLettered observes the time from the message's publication to its
 // dead-lettering in end_to_end_duration_seconds (state dead_lettered),
 // whatever the reason, attempted or not.
 func (c *Collector) DeadLettered(e broker.DeadLetterEvent) {
-	dl := &e.DeadLetter
+	s, exclusive := c.acquire(seriesKey{e.DeadLetter.Message.Topic, e.DeadLetter.Subscriber})
+	s.deadLettered(&e.DeadLetter)
+	c.release(exclusive)
+}
+
+// ForSubscriber returns the Observer of one subscriber's Attempted and
+// DeadLettered events (broker.SubscriberObserver): it keeps the
+// subscriber's series, so that its hooks observe without the lookup (a
+// read lock and a map access by topic and subscriber) that the
+// Collector's own hooks make. If a scrape deletes the series (the broker
+// forgot the subscriber, and it was subscribed again), its next event
+// looks them up again; an event racing that deletion may be lost.
+func (c *Collector) ForSubscriber(topic, subscriber string) broker.Observer {
+	return &subscriberHooks{c: c, key: seriesKey{topic, subscriber}}
+}
+
+// subscriberHooks are one subscriber's hooks (see ForSubscriber).
+type subscriberHooks struct {
+	broker.NopObserver
+	c   *Collector
+	key seriesKey
+	s   atomic.Pointer[series] // nil until the first event
+}
+
+// series returns the subscriber's series, looking them up the first time
+// and after a scrape deleted them.
+func (h *subscriberHooks) series() *series {
+	if s := h.s.Load(); s != nil && !s.deleted.Load() {
+		return s
+	}
+	s, exclusive := h.c.acquire(h.key)
+	h.c.release(exclusive)
+	h.s.Store(s)
+	return s
+}
+
+func (h *subscriberHooks) Attempted(e broker.AttemptEvent) {
+	if i, ok := attemptIndex(e.Outcome); ok {
+		h.series().attempted(i, &e)
+	}
+}
+
+func (h *subscriberHooks) DeadLettered(e broker.DeadLetterEvent) {
+	h.series().deadLettered(&e.DeadLetter)
+}
+
+// attemptIndex is the index in series.handler of an attempt with outcome o;
+// false for a deduplicated message.
+func attemptIndex(o broker.Outcome) (int, bool) {
+	switch o {
+	case broker.OutcomeDelivered:
+		return outDelivered, true
+	case broker.OutcomeRetry:
+		return outRetry, true
+	case broker.OutcomeDeadLettered:
+		return outDeadLettered, true
+	}
+	return 0, false
+}
+
+// attempted observes e, whose index in s.handler is i.
+func (s *series) attempted(i int, e *broker.AttemptEvent) {
+	s.handler[i].Observe(nonNegative(e.Duration).Seconds())
+	if i == outDelivered {
+		end := e.Start.Add(e.Duration) // when the handler returned: no clock read
+		if e.Start.IsZero() {
+			end = time.Now()
+		}
+		s.e2e[stDelivered].Observe(since(e.PublishedAt, end).Seconds())
+	}
+}
+
+// deadLettered observes dl's time from publication to dead-lettering.
+func (s *series) deadLettered(dl *broker.DeadLetter) {
 	end := dl.FailedAt
 	if end.IsZero() {
 		end = time.Now()
 	}
-	d := since(dl.Message.PublishedAt, end)
-	s, exclusive := c.acquire(seriesKey{dl.Message.Topic, dl.Subscriber})
-	s.e2e[stDeadLettered].Observe(d.Seconds())
-	c.release(exclusive)
+	s.e2e[stDeadLettered].Observe(since(dl.Message.PublishedAt, end).Seconds())
 }
 
 // acquire returns k's series with c.mu held: for reading when the series

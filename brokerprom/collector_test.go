@@ -227,3 +227,23 @@ func cumulative(h *dto.Histogram, bounds ...float64) map[float64]uint64 {
 	}
 	return out
 }
+
+// TestEndToEndFromTheEvent: a delivered message's end-to-end latency runs
+// from its publication to the handler's return as the event tells it
+// (Start + Duration), not to when the hook reads a clock; an event without
+// Start falls back to the clock.
+func TestEndToEndFromTheEvent(t *testing.T) {
+	c, err := brokerprom.New()
+	require.NoError(t, err)
+	published := time.Now().Add(-time.Hour)
+	c.Attempted(broker.AttemptEvent{Topic: "t", Subscriber: "s", Attempt: 1, Outcome: broker.OutcomeDelivered,
+		PublishedAt: published, Start: published.Add(2 * time.Second), Duration: time.Second})
+	e := histogram(t, c, "broker_end_to_end_duration_seconds", "state", "delivered")
+	assert.Equal(t, uint64(1), e.GetSampleCount())
+	assert.InDelta(t, 3, e.GetSampleSum(), 1e-9)
+
+	c.Attempted(broker.AttemptEvent{Topic: "t", Subscriber: "s", Attempt: 1, Outcome: broker.OutcomeDelivered,
+		PublishedAt: published, Duration: time.Second})
+	e = histogram(t, c, "broker_end_to_end_duration_seconds", "state", "delivered")
+	assert.InDelta(t, 3+3600, e.GetSampleSum(), 5, "no Start: the clock")
+}
