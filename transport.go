@@ -232,6 +232,9 @@ func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy Re
 	}
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
 	s.pipe = b.newPipeline(topicName, name, c, h, policy, sc, func(string) {}, s.ctx.Done())
+	if sc.concurrency > 1 {
+		s.pipe.ids = newIDGuard() // the transport may hand over two copies of an ID at once
+	}
 	ts, err := r.t.Subscribe(TransportSubscriber{
 		Topic: topicName, Name: name, Concurrency: sc.concurrency, Ordered: sc.ordered,
 		Deliver: s.deliverRemote,
@@ -271,6 +274,13 @@ func (s *Subscription) deliverRemote(d Delivery) {
 	defer c.inFlight.Add(-1)
 	if msg.Attempt < 1 || redriven {
 		msg.Attempt = 1
+	}
+	if s.pipe.ids != nil { // one ID at a time: a copy waiting here then finds it delivered
+		if !s.pipe.ids.acquire(s.ctx, msg.ID) {
+			s.handBack(d) // stopping at once
+			return
+		}
+		defer s.pipe.ids.release(msg.ID)
 	}
 	it := laneItem{env: envelope{msg: msg}, redriven: redriven}
 	var ref dedupRef

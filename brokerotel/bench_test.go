@@ -132,7 +132,8 @@ func runW1(b *testing.B, opts []broker.Option, ids []string, payload []byte) cel
 
 // BenchmarkParts measures the adapter's own calls, without a broker: the
 // publish hook, one attempt through the middleware, and the observer's
-// events for a delivered message.
+// events for a delivered message (through the Telemetry's own hooks and
+// through those ForSubscriber returns).
 func BenchmarkParts(b *testing.B) {
 	for _, c := range []struct {
 		name    string
@@ -167,14 +168,23 @@ func BenchmarkParts(b *testing.B) {
 				_ = h(ctx, msg)
 			}
 		})
-		b.Run(c.name+"/observer", func(b *testing.B) {
-			b.ReportAllocs()
-			now := time.Now()
-			for b.Loop() {
-				tel.Published(broker.PublishEvent{Topic: "w1", MessageID: "msg-1", PublishedAt: now})
-				tel.Attempted(broker.AttemptEvent{Topic: "w1", Subscriber: "sub", MessageID: "msg-1", Attempt: 1,
-					Outcome: broker.OutcomeDelivered, PublishedAt: now})
-			}
-		})
+		// The observer's events for a delivered message: through the
+		// Telemetry's own hooks (which look the subscriber's sets up), and
+		// through the subscriber's hooks ForSubscriber returns (which the
+		// broker uses).
+		for _, hooks := range []struct {
+			name string
+			o    broker.Observer
+		}{{"observer", tel}, {"observer-for-subscriber", tel.ForSubscriber("w1", "sub")}} {
+			b.Run(c.name+"/"+hooks.name, func(b *testing.B) {
+				b.ReportAllocs()
+				now := time.Now()
+				for b.Loop() {
+					tel.Published(broker.PublishEvent{Topic: "w1", MessageID: "msg-1", PublishedAt: now})
+					hooks.o.Attempted(broker.AttemptEvent{Topic: "w1", Subscriber: "sub", MessageID: "msg-1", Attempt: 1,
+						Outcome: broker.OutcomeDelivered, PublishedAt: now})
+				}
+			})
+		}
 	}
 }

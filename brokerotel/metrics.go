@@ -114,15 +114,61 @@ func (t *Telemetry) Unrouted(ev broker.UnroutedEvent) {
 // (inproc.broker.delivered.messages and inproc.broker.end_to_end.duration)
 // or a duplicate (inproc.broker.deduplicated.messages). Attempts themselves
 // and their durations are counted by the Middleware. It is part of t's
-// broker.Observer.
+// broker.Observer. The broker sends a subscriber's events to the Observer
+// ForSubscriber returned for it instead, which records the same without
+// looking the subscriber's attribute sets up.
 func (t *Telemetry) Attempted(ev broker.AttemptEvent) {
+	switch ev.Outcome {
+	case broker.OutcomeRetry, broker.OutcomeDelivered, broker.OutcomeDeduplicated:
+		t.attempted(t.sets.subscriber(ev.Topic, ev.Subscriber), &ev)
+	}
+}
+
+// DeadLettered counts a dead letter in inproc.broker.dead_lettered.messages
+// (with inproc.broker.reason and error.type) and records its
+// inproc.broker.end_to_end.duration. It is part of t's broker.Observer;
+// as with Attempted, the broker sends a subscriber's dead letters to the
+// Observer ForSubscriber returned for it.
+func (t *Telemetry) DeadLettered(ev broker.DeadLetterEvent) {
+	dl := &ev.DeadLetter
+	t.deadLettered(t.sets.subscriber(dl.Message.Topic, dl.Subscriber), dl)
+}
+
+// ForSubscriber returns the Observer of one subscriber's Attempted and
+// DeadLettered events (broker.SubscriberObserver). It holds the
+// subscriber's attribute sets, so that its hooks record the same
+// measurements as t's own without looking the sets up (a read lock and a
+// map access by topic and subscriber) on every event. The sets depend on
+// nothing but the topic and the subscriber's name and are never dropped
+// from t's cache, so holding them stays correct for the subscription's
+// life; beyond the cache's bound, where t's own hooks build them on every
+// event, they are built once here.
+func (t *Telemetry) ForSubscriber(topic, subscriber string) broker.Observer {
+	return &subscriberHooks{t: t, ss: t.sets.subscriber(topic, subscriber)}
+}
+
+// subscriberHooks are one subscriber's hooks (see ForSubscriber). The
+// broker sends them only that subscriber's events, so they trust ss over
+// the events' topic and subscriber.
+type subscriberHooks struct {
+	broker.NopObserver
+	t  *Telemetry
+	ss *subSets
+}
+
+func (h *subscriberHooks) Attempted(ev broker.AttemptEvent) { h.t.attempted(h.ss, &ev) }
+
+func (h *subscriberHooks) DeadLettered(ev broker.DeadLetterEvent) {
+	h.t.deadLettered(h.ss, &ev.DeadLetter)
+}
+
+// attempted records ev, an event of the subscriber whose sets are ss.
+func (t *Telemetry) attempted(ss *subSets, ev *broker.AttemptEvent) {
 	ctx := context.Background()
 	switch ev.Outcome {
 	case broker.OutcomeRetry:
-		ss := t.sets.subscriber(ev.Topic, ev.Subscriber)
 		t.inst.retries.Add(ctx, 1, ss.errorSet(t.codes.bound(ev.ErrorCode)).add...)
 	case broker.OutcomeDelivered:
-		ss := t.sets.subscriber(ev.Topic, ev.Subscriber)
 		t.inst.delivered.Add(ctx, 1, ss.base.add...)
 		if !ev.PublishedAt.IsZero() {
 			end := ev.Start.Add(ev.Duration) // the handler's return: no clock read
@@ -132,18 +178,13 @@ func (t *Telemetry) Attempted(ev broker.AttemptEvent) {
 			t.inst.endToEnd.Record(ctx, seconds(end.Sub(ev.PublishedAt)), ss.delivered.rec...)
 		}
 	case broker.OutcomeDeduplicated:
-		ss := t.sets.subscriber(ev.Topic, ev.Subscriber)
 		t.inst.deduplicated.Add(ctx, 1, ss.base.add...)
 	}
 }
 
-// DeadLettered counts a dead letter in inproc.broker.dead_lettered.messages
-// (with inproc.broker.reason and error.type) and records its
-// inproc.broker.end_to_end.duration. It is part of t's broker.Observer.
-func (t *Telemetry) DeadLettered(ev broker.DeadLetterEvent) {
+// deadLettered records dl, a dead letter of the subscriber whose sets are ss.
+func (t *Telemetry) deadLettered(ss *subSets, dl *broker.DeadLetter) {
 	ctx := context.Background()
-	dl := ev.DeadLetter
-	ss := t.sets.subscriber(dl.Message.Topic, dl.Subscriber)
 	set := attribute.NewSet(append(ss.attrs(),
 		ReasonKey.String(dl.Reason), semconv.ErrorTypeKey.String(t.codes.bound(dl.ErrorCode)))...)
 	t.inst.deadLettered.Add(ctx, 1, metric.WithAttributeSet(set))
@@ -152,7 +193,10 @@ func (t *Telemetry) DeadLettered(ev broker.DeadLetterEvent) {
 	}
 }
 
-var _ broker.Observer = (*Telemetry)(nil)
+var (
+	_ broker.Observer           = (*Telemetry)(nil)
+	_ broker.SubscriberObserver = (*Telemetry)(nil)
+)
 
 // seconds is d in seconds, at least 0 (a wall clock stepped back between
 // two times without monotonic readings).

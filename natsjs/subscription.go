@@ -2,13 +2,13 @@ package natsjs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/inproc/broker"
@@ -18,28 +18,42 @@ import (
 
 // subscription is one subscriber's share of the work in this process: a
 // pull loop per partition of the topic, each on the partition's durable
-// consumer, handing each message to the broker (sub.Deliver), at most
-// sub.Concurrency at once over the partitions.
+// consumer, and one on the consumer of keyless messages, handing each
+// message to the broker (sub.Deliver), at most sub.Concurrency at once over
+// the loops. A partition's loop delivers one message at a time (its
+// consumer has one in flight, for key order); the keyless loop pulls many
+// at a time and, with Concurrency above 1, delivers them on goroutines of
+// their own.
 type subscription struct {
 	t     *Transport
 	ts    *topicState
 	sub   broker.TransportSubscriber
-	slots chan struct{} // a slot per running Deliver; nil when every partition may run at once
+	slots chan struct{} // a slot per running Deliver
 	loops []*partitionLoop
 
 	stopping chan struct{} // closed by Stop
 	stopOnce sync.Once
 	wg       sync.WaitGroup // the pull loops
-	done     chan struct{}  // closed when every loop has returned
+	running  sync.WaitGroup // Deliver calls on goroutines of their own (the keyless loop's)
+	done     chan struct{}  // closed when every loop and Deliver call has returned
 }
 
-// Subscribe creates (or updates) the subscriber's durable consumer of each
-// of the topic's partitions, delivering what is published from now on, or
-// resuming from where the consumer is when it exists (another process
-// subscribed under the name shares it), and starts pulling. Ordered is
-// refused (broker.ErrInvalidOption) on a topic with more than one
-// partition: a single partition is strictly ordered through retries
-// already.
+// Keyless messages: their consumer lets this many be delivered and not yet
+// acknowledged, across every process (an Ordered subscriber's, one), and a
+// pull asks for at most keylessBatch of them.
+const (
+	keylessAckPending = 1000
+	keylessBatch      = 64
+)
+
+// Subscribe creates (or updates) the subscriber's durable consumers, one
+// for each of the topic's partitions and one for its keyless messages,
+// delivering what is published from now on, or resuming from where the
+// consumer is when it exists (another process subscribed under the name
+// shares it), and starts pulling. With Ordered, the keyless messages'
+// consumer has one message in flight (strict FIFO through retries): every
+// process subscribed under the name must agree on it, the last to
+// subscribe setting the consumer.
 func (t *Transport) Subscribe(sub broker.TransportSubscriber) (broker.TransportSubscription, error) {
 	if sub.Deliver == nil || sub.Concurrency < 1 {
 		return nil, fmt.Errorf("%w: natsjs: subscribe %q to %q: no Deliver or Concurrency < 1", broker.ErrInvalidOption, sub.Name, sub.Topic)
@@ -49,15 +63,9 @@ func (t *Transport) Subscribe(sub broker.TransportSubscriber) (broker.TransportS
 	if err != nil {
 		return nil, err
 	}
-	if sub.Ordered && ts.parts > 1 {
-		return nil, fmt.Errorf("%w: natsjs: Ordered needs a topic of one partition; %q has %d (keyed messages are ordered by Key in every partition)",
-			broker.ErrInvalidOption, sub.Topic, ts.parts)
-	}
-	s := &subscription{t: t, ts: ts, sub: sub, stopping: make(chan struct{}), done: make(chan struct{})}
-	if sub.Concurrency < ts.parts {
-		s.slots = make(chan struct{}, sub.Concurrency)
-	}
-	for p := range ts.parts {
+	s := &subscription{t: t, ts: ts, sub: sub, stopping: make(chan struct{}), done: make(chan struct{}),
+		slots: make(chan struct{}, sub.Concurrency)}
+	for p := range ts.parts + 1 { // the partitions, then the keyless messages
 		l, err := s.newLoop(ctx, p)
 		if err != nil {
 			for _, l := range s.loops {
@@ -85,9 +93,27 @@ func (t *Transport) Subscribe(sub broker.TransportSubscriber) (broker.TransportS
 }
 
 // consumerConfig is the configuration of the durable consumer of
-// partition p.
+// partition p, or of keyless messages for p == ts.parts.
 func (s *subscription) consumerConfig(p int, name string) jetstream.ConsumerConfig {
 	ts := s.ts
+	if p == ts.parts {
+		pending := keylessAckPending
+		if s.sub.Ordered {
+			pending = 1 // the topic is their ordering key: one at a time, through retries
+		}
+		return jetstream.ConsumerConfig{
+			Durable: name,
+			Description: fmt.Sprintf("inproc broker subscriber %s of topic %s, keyless messages",
+				strconv.Quote(s.sub.Name), strconv.Quote(ts.topic)),
+			DeliverPolicy:  jetstream.DeliverNewPolicy,
+			AckPolicy:      jetstream.AckExplicitPolicy,
+			AckWait:        s.t.cfg.ackWait,
+			MaxDeliver:     -1,
+			MaxAckPending:  pending,
+			FilterSubjects: []string{ts.keylessSubject()},
+			Metadata:       map[string]string{metaTopic: ts.topic, metaSubscriber: s.sub.Name},
+		}
+	}
 	return jetstream.ConsumerConfig{
 		Durable: name,
 		Description: fmt.Sprintf("inproc broker subscriber %s of topic %s, partition %d of %d",
@@ -102,12 +128,15 @@ func (s *subscription) consumerConfig(p int, name string) jetstream.ConsumerConf
 	}
 }
 
-// Buffer of a pull loop's inbox: a pull has at most one message and a few
-// status messages in flight, so it never fills (a full one would drop).
-const inboxBuffer = 64
+// Buffer of a pull loop's inbox: a pull has at most keylessBatch messages
+// and a few status messages in flight, and a pull given up on (two missed
+// heartbeats, a reconnection) may still bring some, so it never fills (a
+// full one would drop).
+const inboxBuffer = 4 * keylessBatch
 
-// partitionLoop pulls from one partition's durable consumer, one message
-// at a time, on an inbox of its own.
+// partitionLoop pulls from one durable consumer, a partition's (one message
+// at a time) or the keyless messages' (up to batch at a time), on an inbox
+// of its own.
 //
 // It does not use the jetstream package's Consume or Messages: their
 // client-side count of the messages still to come from outstanding pulls
@@ -116,9 +145,9 @@ const inboxBuffer = 64
 // dedup store), and the consumer then stalls, no pull at the server, until
 // two heartbeats are missed (reproduced here with nats.go v1.55.0: 6 of 16
 // runs of 10,000 messages stalled 5 s; TestNoStallUnderLoad). This loop
-// has one pull outstanding and sends the next when the previous ended (a
-// message, the server's end-of-pull status, a reconnect, or two missed
-// heartbeats), so there is no count to drift. Each pull has a reply subject
+// has one pull outstanding and sends the next when the previous ended (its
+// last message, the server's end-of-pull status, a reconnect, or two
+// missed heartbeats), so there is no count to drift. Each pull has a reply subject
 // of its own, so that the end of a pull given up on but still at the
 // server is not taken for the current pull's: such extra pulls expire
 // without being replaced.
@@ -126,8 +155,10 @@ type partitionLoop struct {
 	s      *subscription
 	name   string // the durable consumer
 	nc     *nats.Conn
-	next   string // the pull request subject
-	pull   []byte // the pull request
+	next   string       // the pull request subject
+	batch  int          // most messages a pull asks for
+	async  bool         // Deliver on a goroutine of its own (keyless messages, Concurrency above 1)
+	took   atomic.Int64 // moving average of a Deliver's time, in ns (0: none yet), for the pull size
 	inbox  chan *nats.Msg
 	prefix string // of the inbox subjects: each pull has its own, prefix + "." + a number
 	sub    *nats.Subscription
@@ -140,20 +171,18 @@ type partitionLoop struct {
 // newLoop creates or updates partition p's consumer and subscribes the
 // loop's inbox.
 func (s *subscription) newLoop(ctx context.Context, p int) (*partitionLoop, error) {
-	name := durableName(s.sub.Name, p)
+	name, batch := durableName(s.sub.Name, p), 1
+	if p == s.ts.parts {
+		name = keylessName(s.sub.Name)
+		if !s.sub.Ordered {
+			batch = keylessBatch
+		}
+	}
 	cfg := s.consumerConfig(p, name)
 	if _, err := s.t.js.CreateOrUpdateConsumer(ctx, s.ts.stream, cfg); err != nil {
 		return nil, fmt.Errorf("natsjs: consumer %s on stream %s (subscriber %q of %q): %w", name, s.ts.stream, s.sub.Name, s.ts.topic, err)
 	}
 	exp := s.t.cfg.pullExpiry
-	req, err := json.Marshal(struct {
-		Batch     int           `json:"batch"`
-		Expires   time.Duration `json:"expires"`
-		Heartbeat time.Duration `json:"idle_heartbeat"`
-	}{1, exp, exp / 2})
-	if err != nil {
-		return nil, err
-	}
 	prefix := s.t.js.Options().APIPrefix
 	if prefix == "" {
 		prefix = jetstream.DefaultAPIPrefix
@@ -163,12 +192,13 @@ func (s *subscription) newLoop(ctx context.Context, p int) (*partitionLoop, erro
 	}
 	nc := s.t.js.Conn()
 	l := &partitionLoop{
-		s: s, name: name, nc: nc, cfg: cfg, hb: exp / 2, pull: req,
+		s: s, name: name, nc: nc, cfg: cfg, hb: exp / 2, batch: batch, async: batch > 1 && s.sub.Concurrency > 1,
 		next:   prefix + "CONSUMER.MSG.NEXT." + s.ts.stream + "." + name,
 		inbox:  make(chan *nats.Msg, inboxBuffer),
 		closed: make(chan struct{}),
 	}
 	l.prefix = nc.NewInbox()
+	var err error
 	l.sub, err = nc.ChanSubscribe(l.prefix+".*", l.inbox)
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: subscribe the pull inbox of %s: %w", name, err)
@@ -218,13 +248,18 @@ func (l *partitionLoop) run() {
 		backoff = min(2*backoff, retryMax)
 	}
 	outstanding := false // the pull on reply subject cur waits at the server
+	left := 0            // messages the outstanding pull may still bring
 	var cur string
 	var pulls uint64
+	var req []byte
 	for {
 		if !outstanding && !retrying {
 			pulls++
 			cur = l.prefix + "." + strconv.FormatUint(pulls, 10)
-			if err := l.nc.PublishRequest(l.next, cur, l.pull); err != nil {
+			left = l.pullSize()
+			exp := l.s.t.cfg.pullExpiry
+			req = fmt.Appendf(req[:0], `{"batch":%d,"expires":%d,"idle_heartbeat":%d}`, left, exp, exp/2)
+			if err := l.nc.PublishRequest(l.next, cur, req); err != nil {
 				l.logAttrs(slog.LevelWarn, "natsjs: pull request failed; trying again", err)
 				later()
 			} else {
@@ -263,10 +298,15 @@ func (l *partitionLoop) run() {
 				// own subject, not the pull's: whichever pull it
 				// answered, the next is sent.)
 			case code == "":
-				outstanding = false
-				silence.Stop()
 				backoff = retryFirst
+				if left--; left <= 0 { // the pull's last message
+					outstanding = false
+					silence.Stop()
+				}
 				l.handle(m)
+				if outstanding { // the handler's time was not the server's silence
+					silence.Reset(2*l.hb + l.hb/2)
+				}
 			case code == "100": // idle heartbeat: the pull waits
 				silence.Reset(2*l.hb + l.hb/2)
 			case code == "408", code == "404": // the pull expired, or found nothing
@@ -404,11 +444,46 @@ func (l *partitionLoop) handle(m *nats.Msg) {
 	if s.t.cfg.deadLetters != nil && (meta.NumDelivered > 1 || meta.Timestamp.Before(s.t.started)) && l.deadLettered(d) {
 		return
 	}
-	if s.slots != nil {
-		l.acquire(d)
+	l.acquire(d)
+	if !l.async {
 		defer func() { <-s.slots }()
+		l.deliver(d)
+		return
 	}
-	s.sub.Deliver(d)
+	s.running.Add(1)
+	go func() { // ends when Deliver returns
+		defer s.running.Done()
+		defer func() { <-s.slots }()
+		l.deliver(d)
+	}()
+}
+
+// deliver hands d to the broker, timing it for the pull size.
+func (l *partitionLoop) deliver(d *delivery) {
+	if l.batch == 1 {
+		l.s.sub.Deliver(d)
+		return
+	}
+	start := time.Now()
+	l.s.sub.Deliver(d)
+	took := int64(time.Since(start))
+	if avg := l.took.Load(); avg > 0 {
+		took = avg + (took-avg)/8 // a lost update between goroutines only slows the average down
+	}
+	l.took.Store(max(took, 1))
+}
+
+// pullSize is how many messages the next pull asks for: up to l.batch, as
+// many as the handlers can start within half the AckWait (at the average
+// time they take), so that none waits in the inbox long enough for the
+// server to deliver it again.
+func (l *partitionLoop) pullSize() int {
+	avg := time.Duration(l.took.Load())
+	if l.batch == 1 || avg <= 0 {
+		return l.batch
+	}
+	n := int64(l.s.t.cfg.ackWait/2/avg) * int64(cap(l.s.slots))
+	return int(max(1, min(n, int64(l.batch))))
 }
 
 // deadLettered reports whether d's dead letter is stored already (a
@@ -473,8 +548,9 @@ func (s *subscription) Stop(ctx context.Context) error {
 	}
 	s.stopOnce.Do(func() {
 		close(s.stopping)
-		go func() { // ends when the loops do
+		go func() { // ends when the loops and their Deliver calls do
 			s.wg.Wait()
+			s.running.Wait()
 			s.t.mu.Lock()
 			delete(s.t.subs, s)
 			s.t.mu.Unlock()

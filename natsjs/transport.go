@@ -93,6 +93,11 @@ type topicState struct {
 // msgSubject is the subject of partition p's messages.
 func (ts *topicState) msgSubject(p int) string { return ts.subject + ".m." + strconv.Itoa(p) }
 
+// keylessSubject is the subject of the messages without a Key: they are
+// not ordered by partition, so one consumer per subscriber hands them out
+// many at a time.
+func (ts *topicState) keylessSubject() string { return ts.subject + ".u" }
+
 // redriveSubject is the subject of messages redriven to subscriber name
 // in partition p.
 func (ts *topicState) redriveSubject(name string, p int) string {
@@ -102,27 +107,38 @@ func (ts *topicState) redriveSubject(name string, p int) string {
 // durableName is the consumer of subscriber name for partition p.
 func durableName(name string, p int) string { return nameToken(name) + "_" + strconv.Itoa(p) }
 
+// keylessName is the consumer of subscriber name for keyless messages.
+func keylessName(name string) string { return nameToken(name) + "_u" }
+
+// consumerNames are subscriber name's consumers on a topic of parts
+// partitions: one per partition, then the keyless messages'.
+func consumerNames(name string, parts int) []string {
+	names := make([]string, parts, parts+1)
+	for p := range names {
+		names[p] = durableName(name, p)
+	}
+	return append(names, keylessName(name))
+}
+
 // StreamName returns the name of the stream the transport uses for topic.
 func (t *Transport) StreamName(topic string) string {
 	return t.cfg.streamPrefix + "_" + nameToken(topic)
 }
 
 // ConsumerNames returns the names of the durable consumers of subscriber
-// name on topic, one per partition, when the topic's stream exists.
+// name on topic, when the topic's stream exists: one per partition (index
+// Partition(key, id, partitions)), then the one of keyless messages.
 func (t *Transport) ConsumerNames(ctx context.Context, topic, name string) ([]string, error) {
 	ts, err := t.topic(ctx, topic, false)
 	if err != nil {
 		return nil, err
 	}
-	names := make([]string, ts.parts)
-	for p := range names {
-		names[p] = durableName(name, p)
-	}
-	return names, nil
+	return consumerNames(name, ts.parts), nil
 }
 
 // ConsumerInfo returns the server's view of subscriber name on topic, one
-// jetstream.ConsumerInfo per partition: NumPending (published, not yet
+// jetstream.ConsumerInfo per consumer, in the order of ConsumerNames:
+// NumPending (published, not yet
 // delivered), NumAckPending (delivered and not acknowledged: running, or
 // waiting out a retry's delay), NumRedelivered, NumWaiting (pull requests).
 // Those are the subscriber's backlog across every process; the broker's
@@ -132,13 +148,14 @@ func (t *Transport) ConsumerInfo(ctx context.Context, topic, name string) ([]*je
 	if err != nil {
 		return nil, err
 	}
-	infos := make([]*jetstream.ConsumerInfo, ts.parts)
-	for p := range infos {
-		c, err := t.js.Consumer(ctx, ts.stream, durableName(name, p))
+	names := consumerNames(name, ts.parts)
+	infos := make([]*jetstream.ConsumerInfo, len(names))
+	for i, cn := range names {
+		c, err := t.js.Consumer(ctx, ts.stream, cn)
 		if err != nil {
-			return nil, fmt.Errorf("natsjs: consumer %s of %q on %q: %w", durableName(name, p), name, topic, err)
+			return nil, fmt.Errorf("natsjs: consumer %s of %q on %q: %w", cn, name, topic, err)
 		}
-		infos[p] = c.CachedInfo()
+		infos[i] = c.CachedInfo()
 	}
 	return infos, nil
 }
@@ -156,8 +173,8 @@ func (t *Transport) RemoveSubscriber(ctx context.Context, topic, name string) er
 	if err != nil {
 		return err
 	}
-	for p := range ts.parts {
-		err := t.js.DeleteConsumer(ctx, ts.stream, durableName(name, p))
+	for _, cn := range consumerNames(name, ts.parts) {
+		err := t.js.DeleteConsumer(ctx, ts.stream, cn)
 		if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return fmt.Errorf("natsjs: remove subscriber %q of %q: %w", name, topic, err)
 		}
@@ -273,8 +290,12 @@ func (t *Transport) Publish(ctx context.Context, msg broker.Message) error {
 	if err != nil {
 		return err
 	}
+	subject := ts.keylessSubject()
+	if msg.Key != "" {
+		subject = ts.msgSubject(Partition(msg.Key, msg.ID, ts.parts))
+	}
 	m := &nats.Msg{
-		Subject: ts.msgSubject(Partition(msg.Key, msg.ID, ts.parts)),
+		Subject: subject,
 		Header:  encodeHeader(&msg),
 		Data:    msg.Payload,
 	}
@@ -383,9 +404,10 @@ func streamFull(err error) bool {
 
 // Partition returns the partition of a message with the given Key and ID
 // in a topic of n partitions: FNV-1a (32 bits) of the Key, or of the ID for
-// a keyless message, modulo n. Its consumer for subscriber s is
-// ConsumerNames(ctx, topic, s)[Partition(key, id, n)]. Every process must
-// compute the same, so this never changes.
+// a keyless message (which only a redrive puts in a partition: published,
+// it goes to the keyless messages' subject), modulo n. Its consumer for
+// subscriber s is ConsumerNames(ctx, topic, s)[Partition(key, id, n)].
+// Every process must compute the same, so this never changes.
 func Partition(key, id string, n int) int {
 	if n <= 1 {
 		return 0

@@ -18,12 +18,12 @@ const (
 	// "brk.t.orders.m.0" for topic "orders", partition 0.
 	DefaultSubjectPrefix = "brk.t"
 	// DefaultPartitions is how many partitions a topic's stream gets when
-	// the transport creates it: one, so that a subscriber sees the topic
-	// in publish order through retries, with one consumer per subscriber
-	// (the cheapest on the server), as the in-memory broker's default of
-	// one worker per subscriber does. A subscriber runs at most as many
-	// handlers at once as the topic has partitions: pick more with
-	// WithPartitions before the topic's stream is first created.
+	// the transport creates it: one, the cheapest on the server. Keyed
+	// messages are handed out one at a time per partition (for key order),
+	// so a subscriber runs at most as many keyed handlers at once as the
+	// topic has partitions: pick more with WithPartitions before the
+	// topic's stream is first created. Keyless messages have a consumer of
+	// their own and run up to Concurrency at once whatever the partitions.
 	DefaultPartitions = 1
 	// MaxPartitions is the most partitions a topic may have.
 	MaxPartitions = 256
@@ -111,11 +111,11 @@ func WithPrefixes(stream, subject string) TransportOption {
 
 // WithPartitions sets how many partitions the stream of a topic gets when
 // this transport creates it (DefaultPartitions if not given; 1 to
-// MaxPartitions). A message goes to partition hash(Key) mod n (a keyless
-// message: hash(ID) mod n), and each partition delivers one message at a time
-// to each subscriber, so messages with one Key are handled in publish order,
-// one at a time, across every process; a subscriber runs at most
-// min(Concurrency, n) handlers at once.
+// MaxPartitions). A message with a Key goes to partition hash(Key) mod n,
+// and each partition delivers one message at a time to each subscriber, so
+// messages with one Key are handled in publish order, one at a time, across
+// every process; a subscriber runs at most min(Concurrency, n) keyed
+// handlers at once. Keyless messages do not go to a partition.
 //
 // The count is written into the stream when it is created and can never
 // change, as publishers and subscribers must agree on it: for a topic whose

@@ -359,9 +359,9 @@ func TestTopicAndSubscriberNames(t *testing.T) {
 	}
 }
 
-// TestSubscribeRefuses: the in-memory lane's options are refused, and so
-// is Ordered on a topic of more than one partition (one partition is
-// ordered through retries already).
+// TestSubscribeRefuses: the in-memory lane's options are refused; Ordered
+// is accepted whatever the partitions (keyless messages have a consumer of
+// their own).
 func TestSubscribeRefuses(t *testing.T) {
 	conn := embedded(t, "")
 	one := newRig(t, conn, false, nil)
@@ -376,7 +376,7 @@ func TestSubscribeRefuses(t *testing.T) {
 		{"WhenLaneFull", one, broker.WhenLaneFull(broker.DeadLetterNewest), false},
 		{"CircuitBreaker", one, broker.CircuitBreaker(broker.BreakerPolicy{}), false},
 		{"RateLimit", one, broker.RateLimit(10, 1), false},
-		{"Ordered, four partitions", four, broker.Ordered(), false},
+		{"Ordered, four partitions", four, broker.Ordered(), true},
 		{"Ordered, one partition", one, broker.Ordered(), true},
 	}
 	for i, tt := range tests {
@@ -405,8 +405,8 @@ func TestPartitionsAreFixed(t *testing.T) {
 		t.Fatal(err)
 	}
 	names, err := plain.ConsumerNames(t.Context(), "fixed", "s")
-	if err != nil || len(names) != 4 {
-		t.Errorf("ConsumerNames with the default option = %v, %v; want 4 (the stream's count)", names, err)
+	if err != nil || len(names) != 5 {
+		t.Errorf("ConsumerNames with the default option = %v, %v; want 5 (the stream's 4 partitions, then keyless messages)", names, err)
 	}
 	two, err := natsjs.NewTransport(conn.JetStream(), natsjs.WithPartitions(2))
 	if err != nil {
@@ -595,7 +595,8 @@ func TestConsumerDeletedWhileSubscribed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := conn.JetStream().DeleteConsumer(t.Context(), r.tr.StreamName("deleted"), names[0]); err != nil {
+	// The messages below are keyless: the last consumer's.
+	if err := conn.JetStream().DeleteConsumer(t.Context(), r.tr.StreamName("deleted"), names[len(names)-1]); err != nil {
 		t.Fatalf("DeleteConsumer: %v", err)
 	}
 	// Published before the consumer is back, a message is not kept for
@@ -667,7 +668,7 @@ func TestPublishAfterTheStreamIsDeleted(t *testing.T) {
 	}
 	wg.Wait()
 	names, err := r.tr.ConsumerNames(t.Context(), "gone", "s")
-	if err != nil || len(names) != 4 {
-		t.Errorf("ConsumerNames = %v, %v; want 4 (the stream is back with its partitions)", names, err)
+	if err != nil || len(names) != 5 {
+		t.Errorf("ConsumerNames = %v, %v; want 5 (the stream is back with its 4 partitions)", names, err)
 	}
 }
