@@ -118,9 +118,6 @@ type batchRoute struct {
 // subscription of its name was still leaving) to the last one accepted
 // before its Unsubscribe (its leaveAt).
 func (r *batchRoute) span(s *Subscription, n int) (lo, hi int) {
-	if s.lane.claimed.Load() {
-		return n, n // its Unsubscribe took what it is owed
-	}
 	hi = n
 	if w := s.leaveAt.Load(); w > 0 {
 		hi = int(min(uint64(n), w-min(w, r.base)))
@@ -303,7 +300,18 @@ func (t *topic) finishLeaving(all bool) {
 // stop fires first; nothing is owed (true) once left is closed.
 func (t *topic) claimOwed(s *Subscription, stop <-chan time.Time) (owed []envelope, ok bool) {
 	var tick *time.Ticker
-	for !t.routeMu.TryLock() {
+	for {
+		if t.routeMu.TryLock() {
+			t.blockMu.Lock()
+			own := t.blocked.s == s
+			t.blockMu.Unlock()
+			if !own {
+				break
+			}
+			// The dispatcher waits for room in s's own (stopped) lane: it may
+			// have pushed the message already; it ends it itself at once.
+			t.routeMu.Unlock()
+		}
 		if tick == nil {
 			tick = time.NewTicker(time.Millisecond)
 			defer tick.Stop()
@@ -329,7 +337,6 @@ func (t *topic) claimOwed(s *Subscription, stop <-chan time.Time) (owed []envelo
 		for k, x := range r.subs {
 			if x == s {
 				got, hi = r.got[k], r.hi[k]
-				r.got[k] = n
 				break
 			}
 		}

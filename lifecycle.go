@@ -105,7 +105,8 @@ func (b *Broker) Close(ctx context.Context) error {
 // returning a *DrainError that says how many (owed messages the topic's
 // dispatcher had not reached, because it waits for room in another
 // subscriber's lane, included: Unsubscribe takes them from it; only if the
-// dispatcher stays inside an Observer or a dead-letter store's Put for the
+// dispatcher stays inside plugged-in code — an Observer, a store, the
+// logger, or a dead-letter Put retried through a store outage — for the
 // whole ShutdownGrace does it dead-letter them itself, uncounted, after
 // Unsubscribe returned). Handlers see their context's
 // cause match ErrUnsubscribed. As Close does, it waits at most ShutdownGrace

@@ -447,3 +447,108 @@ func TestRedriveMarkNeverShows(t *testing.T) {
 		requireConserved(t, b.Stats())
 	})
 }
+
+// Owed messages that Unsubscribe took from the dispatcher (no other
+// subscriber being owed them) are routed to the leaving subscriber and
+// dead-lettered there, never counted Unrouted.
+func TestClaimedOwedAreNotUnrouted(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithQueueSize(8))
+		release := make(chan struct{})
+		a, err := b.Subscribe("t", "a", blockUntil(release), LaneSize(1))
+		require.NoError(t, err)
+		s, err := b.Subscribe("t", "s", blockUntilCancelled, LaneSize(1))
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 6) // the dispatcher waits on a's lane with m-2
+		idle()
+		aDone := make(chan error, 1)
+		go func() { aDone <- a.Unsubscribe(context.Background()) }() // a is owed m-0..m-5
+		idle()
+		for i := 6; i < 8; i++ { // owed to s only
+			require.NoError(t, b.Publish(context.Background(), Message{Topic: "t", ID: fmt.Sprintf("m-%d", i)}))
+		}
+		idle()
+		de := stopWithin(t, time.Second, s.Unsubscribe)
+		assert.Equal(t, 8, de.DeadLettered)
+		close(release)
+		require.NoError(t, <-aDone)
+		settle(t, b)
+		forS := 0
+		for _, dl := range deadLetters(t, b) {
+			if dl.Subscriber == "s" {
+				forS++
+			}
+		}
+		assert.Equal(t, 8, forS)
+		ts := b.Stats().Topics["t"]
+		assert.Zero(t, ts.Unrouted, "m-6 and m-7 were routed to s (dead-lettered there), not unrouted")
+		requireConserved(t, b.Stats())
+	})
+}
+
+// The dispatcher waits for room in the leaving subscriber's own lane, room
+// appears and it pushes the message, and before it takes routeMu again
+// Unsubscribe reaches its deadline: the message is dead-lettered once (from
+// the lane), not a second time by the claim. The hook widens the window
+// between the push and routeMu (a preemption there has the same effect).
+func TestPushedThenClaimedEndsOnce(t *testing.T) {
+	testHookWaited = func() { time.Sleep(time.Millisecond) }
+	t.Cleanup(func() { testHookWaited = nil })
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithQueueSize(8))
+		s, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+				return nil
+			}
+		}, LaneSize(1))
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 4) // m-0 runs, m-1 in the lane, the dispatcher waits on s with m-2
+		idle()
+		de := stopWithin(t, 10*time.Millisecond+500*time.Microsecond, s.Unsubscribe)
+		settle(t, b)
+		byID := map[string]int{}
+		for _, dl := range deadLetters(t, b) {
+			byID[dl.Message.ID]++
+		}
+		for id, n := range byID {
+			assert.Equal(t, 1, n, "%s dead-lettered %d times", id, n)
+		}
+		assert.Equal(t, 3, de.DeadLettered, "m-1 (cancelled), m-2, m-3")
+		ss := subStats(t, b, "t", "s")
+		assert.Equal(t, uint64(4), ss.Routed)
+		requireConserved(t, b.Stats())
+	})
+}
+
+// One subscriber, its own lane full, a backlog in the topic queue,
+// Unsubscribe at its deadline: every owed message dead-lettered once,
+// counted, none Unrouted.
+func TestUnsubscribeDeadlineOwnLaneFull(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithQueueSize(8))
+		s, err := b.Subscribe("t", "s", blockUntilCancelled, LaneSize(1))
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 6) // m-0 runs, m-1 in the lane, the dispatcher waits on s with m-2
+		idle()
+		for i := 6; i < 9; i++ { // in the topic queue
+			require.NoError(t, b.Publish(context.Background(), Message{Topic: "t", ID: fmt.Sprintf("m-%d", i)}))
+		}
+		idle()
+		de := stopWithin(t, time.Second, s.Unsubscribe)
+		settle(t, b)
+		byID := map[string]int{}
+		for _, dl := range deadLetters(t, b) {
+			byID[dl.Message.ID]++
+		}
+		assert.Len(t, byID, 9)
+		for id, n := range byID {
+			assert.Equal(t, 1, n, "%s dead-lettered %d times", id, n)
+		}
+		assert.Equal(t, 9, de.DeadLettered)
+		assert.Zero(t, b.Stats().Topics["t"].Unrouted, "every message was routed to s")
+		requireConserved(t, b.Stats())
+	})
+}

@@ -166,10 +166,17 @@ func (s *Subscription) routeDispatched(env *envelope, before func()) error {
 			s.t.routeMu.Unlock()
 		},
 		func(d time.Duration) {
+			if testHookWaited != nil {
+				testHookWaited()
+			}
 			s.t.routeMu.Lock()
 			s.t.blockEnd(s, d)
 		})
 }
+
+// testHookWaited, when a test sets it, runs when the dispatcher's wait for
+// room ended, before it takes routeMu again (where it could be preempted).
+var testHookWaited func()
 
 // routeRedriven is Redrive's route: it never sheds, whatever the policy; a
 // full lane makes it wait until cancel is closed or deadline fires. The
