@@ -123,17 +123,10 @@ func New(opts ...Option) (*Broker, error) {
 // 0). If ctx ends while Publish waits for room, it returns an error wrapping
 // ctx's error. A nil ctx counts as context.Background().
 func (b *Broker) Publish(ctx context.Context, msg Message) error {
-	if err := msg.validate(); err != nil {
+	msg, err := b.prepare(ctx, msg)
+	if err != nil {
 		return err
 	}
-	if len(b.cfg.publishHooks) > 0 {
-		var err error // by value, see hooked
-		if msg, err = b.hooked(ctx, msg); err != nil {
-			return err
-		}
-	}
-	msg.Attempt = 0
-	msg.PublishedAt = time.Now()
 	if b.remote != nil {
 		if b.closed.Load() {
 			return ErrClosed
@@ -145,7 +138,6 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 		env.idh = b.mem.hashID(msg.ID) // once here rather than once per subscriber
 	}
 	var t *topic
-	var err error
 	for {
 		if t, err = b.topic(msg.Topic); err != nil {
 			return err
@@ -183,6 +175,25 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 			slog.String("topic", msg.Topic), slog.String("message_id", msg.ID), slog.String("error", err.Error()))
 	}
 	return err
+}
+
+// prepare makes msg ready to publish: validated, through the publish
+// hooks, Attempt cleared and PublishedAt set. It takes and returns the
+// message by value: handing Publish's message to a call by pointer made it
+// escape to the heap (Publish 27–30% slower, bench/ab.sh).
+func (b *Broker) prepare(ctx context.Context, msg Message) (Message, error) {
+	if err := msg.validate(); err != nil {
+		return msg, err
+	}
+	if len(b.cfg.publishHooks) > 0 {
+		var err error
+		if msg, err = b.hooked(ctx, msg); err != nil {
+			return msg, err
+		}
+	}
+	msg.Attempt = 0
+	msg.PublishedAt = time.Now()
+	return msg, nil
 }
 
 // pushWait waits for room in q for at most timeout, or until ctx ends.

@@ -205,6 +205,32 @@ func ExampleWithIdempotencyStore() {
 	// charges=1 delivered=1 deduplicated=99
 }
 
+// PublishBatch publishes many messages and says which were refused: here
+// one without an ID. Over a transport that stores remotely (natsjs) it
+// sends them all before it waits for the acknowledgements.
+func ExampleBroker_PublishBatch() {
+	b, _ := broker.New(broker.WithLogger(quiet))
+	_, _ = b.Subscribe("audit", "archive", func(ctx context.Context, m broker.Message) error { return nil })
+	err := b.PublishBatch(context.Background(), []broker.Message{
+		{ID: "a-1", Topic: "audit"},
+		{Topic: "audit"},
+		{ID: "a-3", Topic: "audit"},
+	})
+	var be *broker.BatchError
+	if errors.As(err, &be) {
+		for i, e := range be.Errs {
+			fmt.Printf("message %d: %v\n", i, e)
+		}
+	}
+	_ = b.Close(context.Background())
+	fmt.Println("delivered:", b.Stats().Topics["audit"].Subscribers["archive"].Delivered)
+	// Output:
+	// message 0: <nil>
+	// message 1: broker: invalid message: empty ID (topic "audit")
+	// message 2: <nil>
+	// delivered: 2
+}
+
 // Stats say where the backlog is: here a slow subscriber holds messages in
 // its lane while a fast one is done.
 func ExampleBroker_Stats() {

@@ -163,9 +163,6 @@ type remoteSub struct {
 // publishRemote hands a valid, stamped message to the transport.
 func (b *Broker) publishRemote(ctx context.Context, msg Message) error {
 	r := b.remote
-	r.mu.Lock()
-	rt := r.topicLocked(msg.Topic)
-	r.mu.Unlock()
 	pctx := ctx
 	if pctx == nil {
 		pctx = context.Background()
@@ -178,6 +175,16 @@ func (b *Broker) publishRemote(ctx context.Context, msg Message) error {
 	}
 	err := r.t.Publish(pctx, msg)
 	cancel()
+	return b.remoteOutcome(ctx, msg, err)
+}
+
+// remoteOutcome records what the transport answered for msg (err), as
+// Publish does, and returns Publish's error.
+func (b *Broker) remoteOutcome(ctx context.Context, msg Message, err error) error {
+	r := b.remote
+	r.mu.Lock()
+	rt := r.topicLocked(msg.Topic)
+	r.mu.Unlock()
 	if err == nil {
 		rt.tally.published.Add(1)
 		if b.obs != nil {

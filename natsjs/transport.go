@@ -279,7 +279,8 @@ func (t *Transport) openStream(ctx context.Context, ts *topicState, create bool)
 }
 
 // Publish stores msg in its topic's stream, in the partition of its Key
-// (of its ID when it has none), and returns once the server has it. A full
+// (on the keyless messages' subject when it has none), and returns once
+// the server has it. A full
 // stream is tried again until ctx ends (the broker sets ctx's deadline to
 // its publish timeout; without a deadline, once), then Publish returns an
 // error wrapping broker.ErrQueueFull. A copy of an ID published within the
@@ -290,16 +291,28 @@ func (t *Transport) Publish(ctx context.Context, msg broker.Message) error {
 	if err != nil {
 		return err
 	}
+	return t.publish(ctx, ts, ts.newMsg(&msg), msg.ID)
+}
+
+// newMsg is msg as stored in ts's stream: on its partition's subject with
+// a Key, on the keyless messages' without.
+func (ts *topicState) newMsg(msg *broker.Message) *nats.Msg {
 	subject := ts.keylessSubject()
 	if msg.Key != "" {
 		subject = ts.msgSubject(Partition(msg.Key, msg.ID, ts.parts))
 	}
-	m := &nats.Msg{
-		Subject: subject,
-		Header:  encodeHeader(&msg),
-		Data:    msg.Payload,
+	return &nats.Msg{Subject: subject, Header: encodeHeader(msg), Data: msg.Payload}
+}
+
+// publishOpts are the options of publishing a message with ID id to ts:
+// the expected stream, and the ID for the server's dedup window when it is
+// on.
+func (t *Transport) publishOpts(ts *topicState, id string) []jetstream.PublishOpt {
+	opts := []jetstream.PublishOpt{jetstream.WithExpectStream(ts.stream)}
+	if t.cfg.dedupWindow > 0 {
+		opts = append(opts, jetstream.WithMsgID(headerValue(id)))
 	}
-	return t.publish(ctx, ts, m, msg.ID)
+	return opts
 }
 
 // Redrive publishes a copy of dl.Message to the redrive subject of
@@ -340,10 +353,7 @@ const (
 // publish stores m, with id as its Nats-Msg-Id when publish-side dedup is
 // on, waiting for room in a full stream while ctx has time.
 func (t *Transport) publish(ctx context.Context, ts *topicState, m *nats.Msg, id string) error {
-	opts := []jetstream.PublishOpt{jetstream.WithExpectStream(ts.stream)}
-	if t.cfg.dedupWindow > 0 {
-		opts = append(opts, jetstream.WithMsgID(headerValue(id)))
-	}
+	opts := t.publishOpts(ts, id)
 	wait := fullRetryFirst
 	var timer *time.Timer
 	defer func() {

@@ -1,0 +1,112 @@
+package natsjs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/inproc/broker"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// This file is PublishBatch (broker.BatchTransport): a batch is sent with
+// asynchronous publishes, a window of them in flight, where Publish waits
+// for each acknowledgement before it returns.
+
+// Batches: at most batchWindow publishes await their acknowledgement at
+// once (well under the jetstream client's 4,000, past which it stalls), and
+// none is waited for longer than batchAckWait (unless wait is longer).
+const (
+	batchWindow  = 256
+	batchAckWait = 5 * time.Second
+)
+
+var _ broker.BatchTransport = (*Transport)(nil)
+
+// sentMsg is one message of a batch on its way.
+type sentMsg struct {
+	i  int // in the batch
+	id string
+	ts *topicState
+	m  *nats.Msg
+	at time.Time // sent
+	f  jetstream.PubAckFuture
+}
+
+// PublishBatch stores msgs as Publish stores each, without waiting for one
+// acknowledgement before sending the next: up to batchWindow are in
+// flight. A message the server refuses because its stream is full is then
+// published alone, trying again for up to wait (broker.ErrQueueFull after
+// that; at once when wait is 0), so it is stored after the messages sent
+// behind it. It returns one error per message, nil for each one stored.
+func (t *Transport) PublishBatch(ctx context.Context, msgs []broker.Message, wait time.Duration) []error {
+	errs := make([]error, len(msgs))
+	var sent []sentMsg // sent[head:] await their acknowledgement, oldest first
+	head := 0
+	timer := stoppedTimer()
+	defer timer.Stop()
+	for i := range msgs {
+		msg := &msgs[i]
+		ts, err := t.topic(ctx, msg.Topic, true)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		if len(sent)-head == batchWindow {
+			errs[sent[head].i] = t.settle(ctx, &sent[head], wait, timer)
+			if head++; head == batchWindow {
+				sent, head = append(sent[:0], sent[head:]...), 0
+			}
+		}
+		m := ts.newMsg(msg)
+		f, err := t.js.PublishMsgAsync(m, t.publishOpts(ts, msg.ID)...)
+		if err != nil { // stalled, or no connection: alone, as Publish does
+			errs[i] = t.publishWithin(ctx, ts, m, msg.ID, wait)
+			continue
+		}
+		sent = append(sent, sentMsg{i: i, id: msg.ID, ts: ts, m: m, at: time.Now(), f: f})
+	}
+	for ; head < len(sent); head++ {
+		errs[sent[head].i] = t.settle(ctx, &sent[head], wait, timer)
+	}
+	return errs
+}
+
+// settle waits for s's acknowledgement (for at most batchAckWait, or wait
+// if longer, since it was sent) and returns its outcome; a full stream's
+// refusal is followed by publishing it alone, for up to wait.
+func (t *Transport) settle(ctx context.Context, s *sentMsg, wait time.Duration, timer *time.Timer) error {
+	timer.Reset(max(time.Until(s.at.Add(max(batchAckWait, wait))), 0))
+	defer timer.Stop()
+	select {
+	case <-s.f.Ok():
+		return nil
+	case err := <-s.f.Err():
+		if streamFull(err) {
+			return t.publishWithin(ctx, s.ts, s.m, s.id, wait)
+		}
+		if errors.Is(err, jetstream.ErrNoStreamResponse) {
+			t.forget(s.ts) // deleted? the next Publish creates it again
+		}
+		return fmt.Errorf("natsjs: publish to stream %s: %w", s.ts.stream, err)
+	case <-ctx.Done():
+		return fmt.Errorf("natsjs: publish to stream %s: %w (stored or not)", s.ts.stream, ctx.Err())
+	case <-timer.C:
+		return fmt.Errorf("natsjs: publish to stream %s: no acknowledgement within %v (stored or not)", s.ts.stream, max(batchAckWait, wait))
+	}
+}
+
+// publishWithin publishes m alone, as Publish does, trying a full stream
+// again for up to wait.
+func (t *Transport) publishWithin(ctx context.Context, ts *topicState, m *nats.Msg, id string, wait time.Duration) error {
+	var cancel context.CancelFunc
+	if wait > 0 {
+		ctx, cancel = context.WithTimeout(ctx, wait)
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
+	}
+	defer cancel()
+	return t.publish(ctx, ts, m, id)
+}
