@@ -160,6 +160,17 @@ type remoteSub struct {
 	parked      atomic.Int64 // handed back for a retry and not delivered here again
 }
 
+// Transport returns the transport the broker was built with
+// (WithTransport), or nil for the in-memory broker: for what a transport
+// offers beyond the interface, such as the backlog across processes of
+// natsjs's ConsumerInfo.
+func (b *Broker) Transport() Transport {
+	if b.remote == nil {
+		return nil
+	}
+	return b.remote.t
+}
+
 // publishRemote hands a valid, stamped message to the transport.
 func (b *Broker) publishRemote(ctx context.Context, msg Message) error {
 	r := b.remote

@@ -453,3 +453,11 @@ func TestTransportHandlerGoexit(t *testing.T) {
 		requireConserved(t, b.Stats())
 	})
 }
+
+// TestBrokerTransport: Transport returns what WithTransport gave, nil for
+// the in-memory broker.
+func TestBrokerTransport(t *testing.T) {
+	tr := newFakeTransport()
+	assert.Same(t, tr, newTransportBroker(t, tr).Transport())
+	assert.Nil(t, newTestBroker(t).Transport())
+}

@@ -161,6 +161,13 @@ type Instance interface {
 // about a failed cell (reconnects, slow-consumer events...).
 type Diagnoser interface{ Diagnose() string }
 
+// Flusher is implemented by instances that buffer publishes to send them
+// in batches: the harness calls Flush for each publisher after its last
+// Publish, and the cell's time includes it.
+type Flusher interface {
+	Flush(ctx context.Context, pub int) error
+}
+
 // PublishRetrier is implemented by instances that retry a publish the
 // broker refused for backpressure (ErrQueueFull and the like).
 type PublishRetrier interface{ PublishRetries() uint64 }
@@ -601,6 +608,12 @@ func publishAll(ctx context.Context, inst Instance, env *Env, tr *tracker) *pubR
 						tr.fail(fmt.Errorf("publish seq %d to topic %d: %w", seq, t, err))
 						return
 					}
+				}
+			}
+			if f, ok := inst.(Flusher); ok {
+				if err := f.Flush(ctx, p); err != nil {
+					once.Do(func() { pr.err = err })
+					tr.fail(fmt.Errorf("flush publisher %d: %w", p, err))
 				}
 			}
 		}()

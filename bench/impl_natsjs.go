@@ -30,14 +30,17 @@ import (
 // 2 min per topic stream), and per delivery the broker does what the raw
 // jetstream column does (an explicit ack), not two KV round trips more.
 // The topic gets as many partitions as the workload has Concurrency
-// (WithPartitions): one partition hands out one message at a time
-// (MaxAckPending 1, for per-Key order), where raw jetstream keeps up to
-// 1000 unacknowledged; and Publish returns once the server stored the
-// message (a synchronous PublishMsg), where raw jetstream publishes async
-// with up to 4000 acks outstanding. natsjs-mem-p8 (an extra) is natsjs-mem
-// with 8 partitions whatever the workload, to show what the one message in
-// flight costs; BenchmarkPhases (phases_test.go) splits W1's time into its
-// publish and deliver halves for these columns and raw JetStream variants.
+// (WithPartitions), but the workloads' messages are keyless: each
+// subscriber's keyless consumer hands them out (MaxAckPending 1000, pulls
+// of up to 64), as raw jetstream's Consume does (up to 1000
+// unacknowledged). Publish returns once the server stored the message (a
+// synchronous PublishMsg), where raw jetstream publishes async with up to
+// 4000 acks outstanding; natsjs-mem-batch and natsjs-file-batch publish
+// with PublishBatch, 256 at a time (async publishes, every ack awaited
+// before it returns: the same acknowledgement as Publish, pipelined).
+// natsjs-mem-p8 is natsjs-mem with 8 partitions whatever the workload;
+// BenchmarkPhases (phases_test.go) splits W1's time into its publish and
+// deliver halves for these columns and raw JetStream variants.
 //
 // They are extras, out of the default table: at about 70 µs per message
 // (W1) and 250 µs (W2) on 2 cores, a cell of run.sh's 100,000 messages takes
@@ -46,6 +49,8 @@ import (
 
 type natsjsInst struct {
 	env     *Env
+	batch   int                // PublishBatch every batch messages; 0: Publish each
+	bufs    [][]broker.Message // per publisher, the batch being filled
 	dir     string
 	conn    *natsjs.Conn
 	b       *broker.Broker
@@ -58,13 +63,20 @@ type natsjsConfig struct {
 	name       string
 	storage    jetstream.StorageType
 	partitions int // 0: the workload's Concurrency
+	batch      int // publish with PublishBatch, this many at a time; 0: Publish
 }
+
+// natsjsBatch is the batch of the -batch columns: what natsjs's
+// PublishBatch keeps in flight at most.
+const natsjsBatch = 256
 
 func init() {
 	for _, c := range []natsjsConfig{
 		{name: "natsjs-mem", storage: jetstream.MemoryStorage},
 		{name: "natsjs-file", storage: jetstream.FileStorage},
 		{name: "natsjs-mem-p8", storage: jetstream.MemoryStorage, partitions: 8},
+		{name: "natsjs-mem-batch", storage: jetstream.MemoryStorage, batch: natsjsBatch},
+		{name: "natsjs-file-batch", storage: jetstream.FileStorage, batch: natsjsBatch},
 	} {
 		register(Impl{
 			Name:  c.name,
@@ -84,7 +96,11 @@ func natsjsNote(c natsjsConfig, w Workload) string {
 	if c.storage == jetstream.FileStorage {
 		storage = "file streams (the durable default)"
 	}
-	s := fmt.Sprintf("%s: natsjs.New over an embedded server, %s, Config{NoDedup: true} (only the server's publish-side dedup window, as raw jetstream has none of the KV store's round trips), %d partition(s) with one message in flight each (MaxAckPending 1), Publish waits for the server's ack", c.name, storage, parts)
+	publish := "Publish waits for the server's ack"
+	if c.batch > 0 {
+		publish = fmt.Sprintf("each publisher calls PublishBatch every %d messages (async publishes, every ack awaited before it returns)", c.batch)
+	}
+	s := fmt.Sprintf("%s: natsjs.New over an embedded server, %s, Config{NoDedup: true} (only the server's publish-side dedup window, as raw jetstream has none of the KV store's round trips), %d partition(s); the messages are keyless, so each subscriber's keyless consumer delivers them (MaxAckPending 1000, pulls of up to 64); %s", c.name, storage, parts, publish)
 	switch {
 	case w.Concurrency > 1:
 		s += fmt.Sprintf("; Concurrency(%d)", w.Concurrency)
@@ -97,7 +113,7 @@ func natsjsNote(c natsjsConfig, w Workload) string {
 }
 
 func newNatsJS(env *Env, c natsjsConfig) (_ Instance, err error) {
-	n := &natsjsInst{env: env}
+	n := &natsjsInst{env: env, batch: c.batch, bufs: make([][]broker.Message, env.Publishers)}
 	defer func() {
 		if err != nil {
 			_ = n.Close(context.Background())
@@ -159,8 +175,15 @@ func newNatsJS(env *Env, c natsjsConfig) (_ Instance, err error) {
 	return n, nil
 }
 
-func (n *natsjsInst) Publish(ctx context.Context, _, topic, seq int) error {
+func (n *natsjsInst) Publish(ctx context.Context, pub, topic, seq int) error {
 	msg := broker.Message{ID: n.env.IDs[seq], Topic: n.env.TopicNames[topic], Payload: n.env.Payload(seq)}
+	if n.batch > 0 {
+		n.bufs[pub] = append(n.bufs[pub], msg)
+		if len(n.bufs[pub]) < n.batch {
+			return nil
+		}
+		return n.Flush(ctx, pub)
+	}
 	for {
 		err := n.b.Publish(ctx, msg)
 		if !errors.Is(err, broker.ErrQueueFull) || ctx.Err() != nil {
@@ -168,6 +191,36 @@ func (n *natsjsInst) Publish(ctx context.Context, _, topic, seq int) error {
 		}
 		n.retries.Add(1)
 	}
+}
+
+// Flush publishes publisher pub's batch with PublishBatch, publishing again
+// (in order) the messages a full stream refused, as Publish's callers do.
+func (n *natsjsInst) Flush(ctx context.Context, pub int) error {
+	msgs := n.bufs[pub]
+	for len(msgs) > 0 {
+		err := n.b.PublishBatch(ctx, msgs)
+		if err == nil {
+			break
+		}
+		var be *broker.BatchError
+		if !errors.As(err, &be) {
+			return err
+		}
+		var again []broker.Message
+		for i, e := range be.Errs {
+			switch {
+			case e == nil:
+			case errors.Is(e, broker.ErrQueueFull) && ctx.Err() == nil:
+				again = append(again, msgs[i])
+			default:
+				return e
+			}
+		}
+		n.retries.Add(uint64(len(again)))
+		msgs = again
+	}
+	n.bufs[pub] = n.bufs[pub][:0]
+	return ctx.Err()
 }
 
 func (n *natsjsInst) PublishRetries() uint64 { return n.retries.Load() }

@@ -20,14 +20,16 @@ import (
 // times delivering and acknowledging b.N messages already stored. ns/op is
 // per message.
 //
-// natsjs-mem, natsjs-mem-p8 and natsjs-file are set up as the W1 columns:
-// the broker's Publish waits for the server's ack, and each partition has
-// one message in flight, pulled one at a time. jetstream is the raw column
-// (PublishAsync; Consume with batched pulls and up to 1000
-// unacknowledged). jetstream-sync publishes with Publish, waiting for each
-// ack as natsjs does, and jetstream-sync-msgid adds a Nats-Msg-Id (natsjs's
-// publish-side dedup). jetstream-ackpending1 consumes from a consumer with
-// MaxAckPending 1, natsjs's one message in flight.
+// The natsjs cases are set up as the W1 columns: the broker's Publish
+// waits for the server's ack (the -batch cases call PublishBatch every 256
+// messages instead), and the keyless messages are delivered by the
+// subscriber's keyless consumer (pulls of up to 64, MaxAckPending 1000).
+// jetstream is the raw column (PublishAsync; Consume with batched pulls
+// and up to 1000 unacknowledged). jetstream-sync publishes with Publish,
+// waiting for each ack as natsjs's Publish does, and jetstream-sync-msgid
+// adds a Nats-Msg-Id (natsjs's publish-side dedup). jetstream-ackpending1
+// consumes from a consumer with MaxAckPending 1, a keyed partition's one
+// message in flight.
 //
 //	go test -run '^$' -bench Phases -benchtime 20000x -count 3
 func BenchmarkPhases(b *testing.B) {
@@ -35,9 +37,11 @@ func BenchmarkPhases(b *testing.B) {
 		name string
 		run  func(b *testing.B, deliver bool)
 	}{
-		{"natsjs-mem", func(b *testing.B, d bool) { phaseNatsJS(b, d, jetstream.MemoryStorage, 1) }},
-		{"natsjs-mem-p8", func(b *testing.B, d bool) { phaseNatsJS(b, d, jetstream.MemoryStorage, 8) }},
-		{"natsjs-file", func(b *testing.B, d bool) { phaseNatsJS(b, d, jetstream.FileStorage, 1) }},
+		{"natsjs-mem", func(b *testing.B, d bool) { phaseNatsJS(b, d, jetstream.MemoryStorage, 1, 0) }},
+		{"natsjs-mem-batch", func(b *testing.B, d bool) { phaseNatsJS(b, d, jetstream.MemoryStorage, 1, natsjsBatch) }},
+		{"natsjs-mem-p8", func(b *testing.B, d bool) { phaseNatsJS(b, d, jetstream.MemoryStorage, 8, 0) }},
+		{"natsjs-file", func(b *testing.B, d bool) { phaseNatsJS(b, d, jetstream.FileStorage, 1, 0) }},
+		{"natsjs-file-batch", func(b *testing.B, d bool) { phaseNatsJS(b, d, jetstream.FileStorage, 1, natsjsBatch) }},
 		{"jetstream", func(b *testing.B, d bool) { phaseJetStream(b, d, false, false, 0) }},
 		{"jetstream-sync", func(b *testing.B, d bool) { phaseJetStream(b, d, true, false, 0) }},
 		{"jetstream-sync-msgid", func(b *testing.B, d bool) { phaseJetStream(b, d, true, true, 0) }},
@@ -74,7 +78,7 @@ func (c *counter) wait(b *testing.B) {
 	}
 }
 
-func phaseNatsJS(b *testing.B, deliver bool, storage jetstream.StorageType, partitions int) {
+func phaseNatsJS(b *testing.B, deliver bool, storage jetstream.StorageType, partitions, batch int) {
 	conn, err := natsjs.Embedded(b.TempDir())
 	if err != nil {
 		b.Fatal(err)
@@ -104,6 +108,19 @@ func phaseNatsJS(b *testing.B, deliver bool, storage jetstream.StorageType, part
 	}
 	ids, payload := idTable(b.N), make([]byte, 64)
 	publish := func() {
+		if batch > 0 {
+			msgs := make([]broker.Message, 0, batch)
+			for i := range b.N {
+				msgs = append(msgs, broker.Message{ID: ids[i], Topic: "t", Payload: payload})
+				if len(msgs) == batch || i == b.N-1 {
+					if err := br.PublishBatch(context.Background(), msgs); err != nil {
+						b.Fatal(err)
+					}
+					msgs = msgs[:0]
+				}
+			}
+			return
+		}
 		for i := range b.N {
 			if err := br.Publish(context.Background(), broker.Message{ID: ids[i], Topic: "t", Payload: payload}); err != nil {
 				b.Fatal(err)

@@ -84,6 +84,19 @@ func Open(dir string, cfg Config, opts ...broker.Option) (*broker.Broker, error)
 	return b, nil
 }
 
+// TransportOf returns the Transport of a broker New or Open built (or one
+// built with broker.WithTransport over a *Transport), for what it offers
+// beyond the broker: ConsumerInfo (the backlog across processes),
+// ConsumerNames, RemoveSubscriber, StreamName. It is false for any other
+// broker.
+func TransportOf(b *broker.Broker) (*Transport, bool) {
+	if b == nil {
+		return nil, false
+	}
+	t, ok := b.Transport().(*Transport)
+	return t, ok && t != nil
+}
+
 func newBroker(ctx context.Context, js jetstream.JetStream, own *Conn, cfg Config, opts []broker.Option) (*broker.Broker, error) {
 	if ctx == nil {
 		ctx = context.Background()

@@ -672,3 +672,53 @@ func TestPublishAfterTheStreamIsDeleted(t *testing.T) {
 		t.Errorf("ConsumerNames = %v, %v; want 5 (the stream is back with its 4 partitions)", names, err)
 	}
 }
+
+// TestTransportOf: a broker New built hands out its Transport, whose
+// ConsumerInfo tells the subscriber's backlog across processes; an
+// in-memory broker has none.
+func TestTransportOf(t *testing.T) {
+	conn := embedded(t, "")
+	b, err := natsjs.New(t.Context(), conn.JetStream(), natsjs.Config{NoDedup: true, Logger: discardLogger})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { closeBroker(t, b) })
+	tr, ok := natsjs.TransportOf(b)
+	if !ok {
+		t.Fatal("TransportOf(New(...)) = false")
+	}
+	sub, err := b.Subscribe("backlog", "s", func(context.Context, broker.Message) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Unsubscribe(t.Context()); err != nil { // the consumers stay and keep what comes
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := b.Publish(t.Context(), broker.Message{ID: fmt.Sprintf("m-%d", i), Topic: "backlog"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	infos, err := tr.ConsumerInfo(t.Context(), "backlog", "s")
+	if err != nil {
+		t.Fatalf("ConsumerInfo: %v", err)
+	}
+	var pending uint64
+	for _, in := range infos {
+		pending += in.NumPending
+	}
+	if pending != 3 {
+		t.Errorf("NumPending over the consumers = %d; want 3", pending)
+	}
+	mem, err := broker.New(quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeBroker(t, mem) })
+	if _, ok := natsjs.TransportOf(mem); ok || mem.Transport() != nil {
+		t.Error("an in-memory broker has a transport")
+	}
+	if _, ok := natsjs.TransportOf(nil); ok {
+		t.Error("TransportOf(nil) = true")
+	}
+}
