@@ -663,6 +663,11 @@ func (r *chaosRun) verify() {
 		if ts := st.Topics[topic]; ts.Published != uint64(r.acceptedOn(topic)) || ts.Queued != 0 {
 			t.Errorf("topic %s: Stats.Published %d queued %d, publishers saw %d accepted", topic, ts.Published, ts.Queued, r.acceptedOn(topic))
 		}
+		// Its anchor was subscribed before the first publish and never
+		// left: every message was routed to someone.
+		if ts := st.Topics[topic]; ts.Unrouted != 0 {
+			t.Errorf("topic %s: Unrouted %d; its anchor had every message", topic, ts.Unrouted)
+		}
 	}
 	r.verifyAttempts()
 	r.verifyOrder()

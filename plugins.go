@@ -15,7 +15,9 @@ import (
 // (Stats.PluginPanics), and never crashes the process or loses a message.
 // A store that panics is treated as that store returning an error; an
 // observer hook that panics loses that event; a backoff that panics gives
-// the default backoff's delay.
+// the default backoff's delay. runtime.Goexit is guarded only where the
+// handler runs (middleware included): a store, observer or backoff calling
+// it ends the broker's goroutine that called it, as it would any caller's.
 
 // guard recovers and reports panics of plugged-in code.
 type guard struct {
