@@ -105,9 +105,9 @@ func natsjsNote(c natsjsConfig, w Workload) string {
 	case w.Concurrency > 1:
 		s += fmt.Sprintf("; Concurrency(%d)", w.Concurrency)
 	case w.FailEvery > 0:
-		s += "; RetryPolicy{MaxRetries: 2, Backoff: ConstantBackoff(0)}: a Nak with the transport's least delay, 1 ms, which the server acts on at its next pending check, 10 ms later, holding the partition meanwhile (order kept)"
+		s += "; RetryPolicy{MaxRetries: 2, Backoff: ConstantBackoff(0)}: a Nak with the transport's least delay, 1 ms, which the server acts on at its next pending check, 10 ms later; the messages are keyless, so the retry holds none of the others (it arrives late)"
 	case w.FailingSubs > 0:
-		s += "; RetryPolicy{MaxRetries: 2, Backoff: ConstantBackoff(10ms)}, Naks with a 10 ms delay; each subscriber has its own consumer, so the failing one holds only its own partition; what it has not given up on stays in the stream (interest retention), so the queue size is raised to the cell's message count"
+		s += "; RetryPolicy{MaxRetries: 2, Backoff: ConstantBackoff(10ms)}, Naks with a 10 ms delay; each subscriber has its own consumers, so the failing one holds up nobody else; what it has not given up on stays in the stream (interest retention), so the queue size is raised to the cell's message count"
 	}
 	return s
 }
@@ -242,9 +242,13 @@ func (n *natsjsInst) Diagnose() string {
 				return strings.Join(parts, "; ")
 			}
 			for p, ci := range infos {
+				which := strconv.Itoa(p) // a partition; the last consumer is the keyless messages'
+				if p == len(infos)-1 {
+					which = "u"
+				}
 				if ci.NumAckPending > 0 || ci.NumPending > 0 {
-					parts = append(parts, fmt.Sprintf("%s/s%d/%d: ack pending %d, redelivered %d, pending %d, waiting pulls %d",
-						topic, j, p, ci.NumAckPending, ci.NumRedelivered, ci.NumPending, ci.NumWaiting))
+					parts = append(parts, fmt.Sprintf("%s/s%d/%s: ack pending %d, redelivered %d, pending %d, waiting pulls %d",
+						topic, j, which, ci.NumAckPending, ci.NumRedelivered, ci.NumPending, ci.NumWaiting))
 				}
 				if len(parts) > 6 {
 					return strings.Join(parts, "; ")
