@@ -103,3 +103,110 @@ func TestPublishBatchFullStream(t *testing.T) {
 		})
 	}
 }
+
+// TestPublishBatchAfterCtxEnded: as Publish with a ctx that has ended
+// stores nothing, PublishBatch sends nothing once ctx ended: no message it
+// reports refused is stored.
+func TestPublishBatchAfterCtxEnded(t *testing.T) {
+	r := newRig(t, embedded(t, ""), true, nil)
+	c := &calls{}
+	r.subscribe(t, "cx", "s", c.handler("", nil))
+	r.publish(t, broker.Message{ID: "first", Topic: "cx"}) // the topic's stream is known
+	waitFor(t, "first delivered", func() bool { return subStats(r.b, "cx", "s").Delivered == 1 })
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := r.b.Publish(ctx, broker.Message{ID: "single", Topic: "cx"}); err == nil {
+		t.Fatalf("Publish with a done ctx: nil")
+	}
+	msgs := make([]broker.Message, 20)
+	for i := range msgs {
+		msgs[i] = broker.Message{ID: fmt.Sprintf("b-%02d", i), Topic: "cx"}
+	}
+	err := r.b.PublishBatch(ctx, msgs)
+	var be *broker.BatchError
+	refused := map[string]error{}
+	if errors.As(err, &be) {
+		for i, e := range be.Errs {
+			if e != nil {
+				refused[msgs[i].ID] = e
+			}
+		}
+	}
+	time.Sleep(2 * time.Second) // let whatever was stored be delivered
+	handled := map[string]bool{}
+	for _, cl := range c.snapshot() {
+		handled[cl.msg.ID] = true
+	}
+	if handled["single"] {
+		t.Errorf("Publish's refused message was delivered")
+	}
+	both := 0
+	for id, e := range refused {
+		if handled[id] {
+			both++
+			if both == 1 {
+				t.Logf("e.g. %s: %v", id, e)
+			}
+		}
+	}
+	stored := 0
+	for _, m := range msgs {
+		if handled[m.ID] {
+			stored++
+		}
+	}
+	t.Logf("PublishBatch with a done ctx: %d of 20 reported refused, %d stored and delivered; topic stats %+v",
+		len(refused), stored, r.b.Stats().Topics["cx"])
+	if both > 0 {
+		t.Errorf("%d messages reported refused (counted Rejected) were stored and delivered", both)
+	}
+}
+
+// TestPublishBatchFullWaitsOnce: every message of a batch that a full
+// stream refused is ErrQueueFull and counted Rejected (none reported
+// "stored or not" because the batch took long), and the batch waits for
+// room about one publish timeout in all, not one per refused message.
+func TestPublishBatchFullWaitsOnce(t *testing.T) {
+	r := newRig(t, embedded(t, ""), true, []natsjs.TransportOption{natsjs.WithQueueSize(5)}, broker.WithPublishTimeout(time.Second))
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	r.subscribe(t, "full", "slow", func(ctx context.Context, m broker.Message) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	msgs := make([]broker.Message, 16)
+	for k := range msgs {
+		msgs[k] = broker.Message{ID: fmt.Sprintf("m-%02d", k), Topic: "full"}
+	}
+	start := time.Now()
+	err := r.b.PublishBatch(t.Context(), msgs)
+	took := time.Since(start)
+	var be *broker.BatchError
+	if !errors.As(err, &be) {
+		t.Fatalf("PublishBatch: %v", err)
+	}
+	stored, full, other := 0, 0, 0
+	for i, e := range be.Errs {
+		switch {
+		case e == nil:
+			stored++
+		case errors.Is(e, broker.ErrQueueFull):
+			full++
+		default:
+			other++
+			t.Logf("%s: %v", msgs[i].ID, e)
+		}
+	}
+	st := r.b.Stats().Topics["full"]
+	t.Logf("took %v: %d stored, %d ErrQueueFull, %d other; Published %d Rejected %d", took.Round(time.Millisecond), stored, full, other, st.Published, st.Rejected)
+	if stored != 5 || full != 11 || st.Rejected != 11 {
+		t.Errorf("want 5 stored, 11 ErrQueueFull, Rejected 11")
+	}
+	if took < time.Second || took > 5*time.Second {
+		t.Errorf("took %v; want about the publish timeout, 1 s, for the batch", took)
+	}
+}
