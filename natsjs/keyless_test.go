@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/inproc/broker"
 	"github.com/inproc/broker/natsjs"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Keyless messages have a consumer of their own per subscriber, which hands
@@ -140,5 +142,153 @@ func TestOneIDAtATime(t *testing.T) {
 				t.Errorf("Deduplicated %d; want 1 with the idempotency store", ss.Deduplicated)
 			}
 		})
+	}
+}
+
+// TestKeylessQueueKeptAlive: a subscriber with Concurrency 1 whose
+// handler takes 150 ms, AckWait 1 s, MaxRetries 0, no KV dedup; 20
+// keyless messages published at once, all pulled at once, the last ones
+// waiting 3 s for their turn: the loop keeps them alive, so each runs once
+// and is delivered (none delivered again by the server, counted beyond the
+// policy and dead-lettered).
+func TestKeylessQueueKeptAlive(t *testing.T) {
+	r := newRig(t, embedded(t, ""), true, []natsjs.TransportOption{natsjs.WithAckWait(time.Second)},
+		broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 0}))
+	c := &calls{}
+	r.subscribe(t, "slowq", "s", c.handler("", func(context.Context, broker.Message) error {
+		time.Sleep(150 * time.Millisecond)
+		return nil
+	}))
+	msgs := make([]broker.Message, 20)
+	for i := range msgs {
+		msgs[i] = broker.Message{ID: fmt.Sprintf("m-%02d", i), Topic: "slowq"}
+	}
+	if err := r.b.PublishBatch(t.Context(), msgs); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "all delivered", func() bool { return subStats(r.b, "slowq", "s").Delivered >= 20 })
+	time.Sleep(2 * time.Second) // copies still on their way
+	ss := subStats(r.b, "slowq", "s")
+	runs := map[string]int{}
+	for _, cl := range c.snapshot() {
+		runs[cl.msg.ID]++
+	}
+	twice := 0
+	for _, n := range runs {
+		if n > 1 {
+			twice++
+		}
+	}
+	dls, _ := r.dlq.List(t.Context(), broker.DeadLetterFilter{Topic: "slowq"})
+	t.Logf("runs %d (%d messages twice), Delivered %d, DeadLettered %d, dead letters %d, Routed %d",
+		len(c.snapshot()), twice, ss.Delivered, ss.DeadLettered, len(dls), ss.Routed)
+	for i, dl := range dls {
+		if i < 2 {
+			t.Logf("dead letter %s attempt %d reason %s: %s", dl.Message.ID, dl.Attempts, dl.Reason, dl.Error)
+		}
+	}
+	if twice > 0 || ss.DeadLettered > 0 {
+		t.Errorf("messages waiting in the inbox were delivered again by the server: %d ran twice, %d dead-lettered after being delivered", twice, ss.DeadLettered)
+	}
+}
+
+// TestOrderedMustAgree: processes subscribed under one name must agree on
+// Ordered (it is the keyless messages' consumer's): a Subscribe that does
+// not is refused, either way, until RemoveSubscriber starts the name again.
+func TestOrderedMustAgree(t *testing.T) {
+	conn := embedded(t, "")
+	a, b := newRig(t, conn, false, nil), newRig(t, conn, false, nil)
+	nop := func(context.Context, broker.Message) error { return nil }
+	a.subscribe(t, "ord", "s", nop, broker.Ordered())
+	if _, err := b.b.Subscribe("ord", "s", nop); !errors.Is(err, broker.ErrInvalidOption) {
+		t.Errorf("an unordered Subscribe beside an Ordered one: %v; want ErrInvalidOption", err)
+	}
+	b.subscribe(t, "ord", "s", nop, broker.Ordered()) // agreeing is fine
+	infos, err := a.tr.ConsumerInfo(t.Context(), "ord", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := infos[len(infos)-1]; u.Config.MaxAckPending != 1 {
+		t.Errorf("the keyless consumer has MaxAckPending %d; want 1 (Ordered)", u.Config.MaxAckPending)
+	}
+	a.subscribe(t, "free", "s", nop)
+	if _, err := b.b.Subscribe("free", "s", nop, broker.Ordered()); !errors.Is(err, broker.ErrInvalidOption) {
+		t.Errorf("an Ordered Subscribe beside an unordered one: %v; want ErrInvalidOption", err)
+	}
+}
+
+// TestKeylessRedriveHoldsNoPartition: a redriven keyless message goes to
+// the subscriber's keyless consumer, not to a partition's, so its retries
+// hold up no keyed message.
+func TestKeylessRedriveHoldsNoPartition(t *testing.T) {
+	r := newRig(t, embedded(t, ""), false, nil,
+		broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 0}))
+	var fail atomic.Bool
+	fail.Store(true)
+	c := &calls{}
+	r.subscribe(t, "rd", "s", c.handler("", func(_ context.Context, m broker.Message) error {
+		if m.ID == "free" && fail.Load() {
+			return errors.New("down")
+		}
+		return nil
+	}))
+	r.publish(t, broker.Message{ID: "free", Topic: "rd"})
+	waitFor(t, "the dead letter", func() bool { return subStats(r.b, "rd", "s").DeadLettered == 1 })
+	dls, err := r.dlq.List(t.Context(), broker.DeadLetterFilter{Topic: "rd"})
+	if err != nil || len(dls) != 1 {
+		t.Fatalf("dead letters %v, %v", dls, err)
+	}
+	before, err := r.tr.ConsumerInfo(t.Context(), "rd", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail.Store(false)
+	if n, err := r.b.Redrive(t.Context(), dls[0].ID); n != 1 || err != nil {
+		t.Fatalf("Redrive = %d, %v", n, err)
+	}
+	waitFor(t, "the redelivery", func() bool { return subStats(r.b, "rd", "s").Delivered == 1 })
+	after, err := r.tr.ConsumerInfo(t.Context(), "rd", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := len(after) - 1
+	if got := after[last].Delivered.Stream - before[last].Delivered.Stream; got != 1 {
+		t.Errorf("the keyless consumer delivered %d more; want the redriven copy", got)
+	}
+	if after[0].Delivered.Consumer != before[0].Delivered.Consumer {
+		t.Errorf("partition 0's consumer delivered the redriven copy")
+	}
+}
+
+// TestKeylessNeedsTheKeylessConsumer backs the README's upgrade note: a
+// topic's stream keeps a message only for the consumers it matches
+// (interest retention), so with only a partition's consumer (what a
+// version before keyless consumers made), a keyless message is dropped
+// while a keyed one is kept.
+func TestKeylessNeedsTheKeylessConsumer(t *testing.T) {
+	conn := embedded(t, "")
+	r := newRig(t, conn, true, nil)
+	r.publish(t, broker.Message{ID: "first", Topic: "old"}) // creates the stream; nobody subscribed: dropped
+	js := conn.JetStream()
+	stream := r.tr.StreamName("old")
+	names, err := r.tr.ConsumerNames(t.Context(), "old", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := js.Stream(t.Context(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subjects := info.CachedInfo().Config.Subjects // "<prefix>.<topic>.>"
+	prefix := strings.TrimSuffix(subjects[0], ">")
+	if _, err := js.CreateConsumer(t.Context(), stream, jetstream.ConsumerConfig{
+		Durable: names[0], AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: prefix + "m.0",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r.publish(t, broker.Message{ID: "keyed", Topic: "old", Key: "k"})
+	r.publish(t, broker.Message{ID: "keyless", Topic: "old"})
+	if n := r.streamMsgs(t, "old"); n != 1 {
+		t.Errorf("the stream holds %d messages; want 1 (the keyed one; the keyless one had no consumer)", n)
 	}
 }

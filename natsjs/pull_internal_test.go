@@ -1,34 +1,25 @@
 package natsjs
 
-import (
-	"testing"
-	"time"
-)
+import "testing"
 
-// TestPullSize: the keyless loop asks for as many messages as its handlers
-// start within half the AckWait at their average time, between 1 and its
-// batch; a partition's loop always for one.
+// TestPullSize: a partition's loop pulls one message at a time; the
+// keyless loop tops its queue up to its batch once the queue is down to
+// half, and does not pull before.
 func TestPullSize(t *testing.T) {
 	tests := []struct {
-		name        string
-		batch, conc int
-		avg         time.Duration
-		want        int
+		name          string
+		batch, queued int
+		want          int
 	}{
-		{"no average yet", keylessBatch, 1, 0, keylessBatch},
-		{"fast handlers", keylessBatch, 1, time.Millisecond, keylessBatch},
-		{"1 s handlers, one at a time", keylessBatch, 1, time.Second, 15},
-		{"1 s handlers, two at a time", keylessBatch, 2, time.Second, 30},
-		{"slower than half the AckWait", keylessBatch, 1, time.Minute, 1},
-		{"a partition", 1, 4, time.Millisecond, 1},
+		{"a partition", 1, 0, 1},
+		{"keyless, empty queue", keylessBatch, 0, keylessBatch},
+		{"keyless, down to half", keylessBatch, keylessBatch / 2, keylessBatch / 2},
+		{"keyless, more than half queued", keylessBatch, keylessBatch/2 + 1, 0},
+		{"keyless, full", keylessBatch, keylessBatch, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			l := &partitionLoop{
-				s:     &subscription{t: &Transport{cfg: transportConfig{ackWait: 30 * time.Second}}, slots: make(chan struct{}, tc.conc)},
-				batch: tc.batch,
-			}
-			l.took.Store(int64(tc.avg))
+			l := &partitionLoop{batch: tc.batch, queue: make([]*delivery, tc.queued)}
 			if got := l.pullSize(); got != tc.want {
 				t.Errorf("pullSize = %d; want %d", got, tc.want)
 			}

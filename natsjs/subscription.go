@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/inproc/broker"
@@ -52,8 +51,8 @@ const (
 // consumer is when it exists (another process subscribed under the name
 // shares it), and starts pulling. With Ordered, the keyless messages'
 // consumer has one message in flight (strict FIFO through retries): every
-// process subscribed under the name must agree on it, the last to
-// subscribe setting the consumer.
+// process subscribed under the name must agree on it, and a Subscribe that
+// does not is refused (broker.ErrInvalidOption) while the consumer exists.
 func (t *Transport) Subscribe(sub broker.TransportSubscriber) (broker.TransportSubscription, error) {
 	if sub.Deliver == nil || sub.Concurrency < 1 {
 		return nil, fmt.Errorf("%w: natsjs: subscribe %q to %q: no Deliver or Concurrency < 1", broker.ErrInvalidOption, sub.Name, sub.Topic)
@@ -110,8 +109,8 @@ func (s *subscription) consumerConfig(p int, name string) jetstream.ConsumerConf
 			AckWait:        s.t.cfg.ackWait,
 			MaxDeliver:     -1,
 			MaxAckPending:  pending,
-			FilterSubjects: []string{ts.keylessSubject()},
-			Metadata:       map[string]string{metaTopic: ts.topic, metaSubscriber: s.sub.Name},
+			FilterSubjects: []string{ts.keylessSubject(), ts.keylessRedriveSubject(s.sub.Name)},
+			Metadata:       map[string]string{metaTopic: ts.topic, metaSubscriber: s.sub.Name, metaOrdered: strconv.FormatBool(s.sub.Ordered)},
 		}
 	}
 	return jetstream.ConsumerConfig{
@@ -152,13 +151,15 @@ const inboxBuffer = 4 * keylessBatch
 // server is not taken for the current pull's: such extra pulls expire
 // without being replaced.
 type partitionLoop struct {
-	s      *subscription
-	name   string // the durable consumer
-	nc     *nats.Conn
-	next   string       // the pull request subject
-	batch  int          // most messages a pull asks for
-	async  bool         // Deliver on a goroutine of its own (keyless messages, Concurrency above 1)
-	took   atomic.Int64 // moving average of a Deliver's time, in ns (0: none yet), for the pull size
+	s     *subscription
+	name  string // the durable consumer
+	nc    *nats.Conn
+	next  string // the pull request subject
+	batch int    // most messages a pull asks for (1: a partition's)
+	// queue holds the keyless messages pulled and not yet started, oldest
+	// first; the loop starts each on a goroutine of its own when a slot is
+	// free, and keeps them alive meanwhile (only the loop touches it).
+	queue  []*delivery
 	inbox  chan *nats.Msg
 	prefix string // of the inbox subjects: each pull has its own, prefix + "." + a number
 	sub    *nats.Subscription
@@ -179,6 +180,11 @@ func (s *subscription) newLoop(ctx context.Context, p int) (*partitionLoop, erro
 		}
 	}
 	cfg := s.consumerConfig(p, name)
+	if p == s.ts.parts {
+		if err := s.sameOrdered(ctx, name); err != nil {
+			return nil, err
+		}
+	}
 	if _, err := s.t.js.CreateOrUpdateConsumer(ctx, s.ts.stream, cfg); err != nil {
 		return nil, fmt.Errorf("natsjs: consumer %s on stream %s (subscriber %q of %q): %w", name, s.ts.stream, s.sub.Name, s.ts.topic, err)
 	}
@@ -192,7 +198,7 @@ func (s *subscription) newLoop(ctx context.Context, p int) (*partitionLoop, erro
 	}
 	nc := s.t.js.Conn()
 	l := &partitionLoop{
-		s: s, name: name, nc: nc, cfg: cfg, hb: exp / 2, batch: batch, async: batch > 1 && s.sub.Concurrency > 1,
+		s: s, name: name, nc: nc, cfg: cfg, hb: exp / 2, batch: batch,
 		next:   prefix + "CONSUMER.MSG.NEXT." + s.ts.stream + "." + name,
 		inbox:  make(chan *nats.Msg, inboxBuffer),
 		closed: make(chan struct{}),
@@ -206,6 +212,26 @@ func (s *subscription) newLoop(ctx context.Context, p int) (*partitionLoop, erro
 	l.sub.SetClosedHandler(func(string) { close(l.closed) })
 	l.status = nc.StatusChanged(nats.CONNECTED)
 	return l, nil
+}
+
+// sameOrdered refuses (broker.ErrInvalidOption) to subscribe with Ordered
+// when the subscriber's keyless messages' consumer exists without it, or
+// the other way round: processes subscribed under one name must agree, or
+// one would take the others' order away. RemoveSubscriber, with no process
+// subscribed, lets the name start again either way.
+func (s *subscription) sameOrdered(ctx context.Context, name string) error {
+	c, err := s.t.js.Consumer(ctx, s.ts.stream, name)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("natsjs: consumer %s on stream %s (subscriber %q of %q): %w", name, s.ts.stream, s.sub.Name, s.ts.topic, err)
+	}
+	if v, ok := c.CachedInfo().Config.Metadata[metaOrdered]; ok && v != strconv.FormatBool(s.sub.Ordered) {
+		return fmt.Errorf("%w: natsjs: subscriber %q of %q has Ordered %s in another process (or an earlier run); all must agree (RemoveSubscriber starts the name again)",
+			broker.ErrInvalidOption, s.sub.Name, s.ts.topic, v)
+	}
+	return nil
 }
 
 // close releases a loop that never ran.
@@ -240,6 +266,10 @@ func (l *partitionLoop) run() {
 	defer silence.Stop()
 	retry := stoppedTimer() // the next pull after an error
 	defer retry.Stop()
+	alive := l.keepAlive() // keeps the queued keyless messages alive
+	if alive != nil {
+		defer alive.Stop()
+	}
 	retrying := false
 	backoff := retryFirst
 	later := func() { // pull again after the backoff
@@ -253,10 +283,10 @@ func (l *partitionLoop) run() {
 	var pulls uint64
 	var req []byte
 	for {
-		if !outstanding && !retrying {
+		if n := l.pullSize(); n > 0 && !outstanding && !retrying {
 			pulls++
 			cur = l.prefix + "." + strconv.FormatUint(pulls, 10)
-			left = l.pullSize()
+			left = n
 			exp := l.s.t.cfg.pullExpiry
 			req = fmt.Appendf(req[:0], `{"batch":%d,"expires":%d,"idle_heartbeat":%d}`, left, exp, exp/2)
 			if err := l.nc.PublishRequest(l.next, cur, req); err != nil {
@@ -267,15 +297,24 @@ func (l *partitionLoop) run() {
 				silence.Reset(2*l.hb + l.hb/2)
 			}
 		}
+		var free chan<- struct{} // a slot for the oldest queued message
+		if len(l.queue) > 0 {
+			free = s.slots
+		}
 		select {
 		case <-s.stopping:
-			l.drain()
+			l.drain(alive)
 			return
 		case <-l.closed: // the connection was closed under the transport
 			l.logAttrs(slog.LevelError, "natsjs: connection closed; the subscriber stops pulling in this process", nats.ErrConnectionClosed)
 			<-s.stopping
 			l.flush()
+			l.empty(alive)
 			return
+		case free <- struct{}{}:
+			l.start()
+		case <-alive.c():
+			l.keepQueuedAlive()
 		case <-retry.C:
 			retrying = false
 		case st := <-l.status:
@@ -319,7 +358,7 @@ func (l *partitionLoop) run() {
 				silence.Stop()
 				l.logAttrs(slog.LevelWarn, "natsjs: the consumer is gone; creating it again", errors.New(code+" "+desc))
 				if !l.recreate(&backoff) {
-					l.drain()
+					l.drain(alive)
 					return
 				}
 			default: // 409 leadership change, max waiting exceeded, ...: pull again, paced
@@ -371,29 +410,98 @@ func (l *partitionLoop) recreate(backoff *time.Duration) bool {
 }
 
 // drain stops the inbox: the server learns it has no one to deliver to,
-// and what it sent before is still delivered.
-func (l *partitionLoop) drain() {
+// and what it sent before is still delivered, the queued keyless messages
+// too (kept alive until they start).
+func (l *partitionLoop) drain(alive *aliveTicker) {
 	if err := l.sub.Drain(); err != nil {
 		_ = l.sub.Unsubscribe()
 	}
 	timer := time.NewTimer(drainWait)
 	defer timer.Stop()
-	for {
+	for done := false; !done; {
+		var free chan<- struct{}
+		if len(l.queue) > 0 {
+			free = l.s.slots
+		}
 		select {
 		case m := <-l.inbox:
 			if m.Header.Get("Status") == "" && strings.HasPrefix(m.Reply, "$JS.ACK.") {
 				l.handle(m)
 			}
 		case <-l.closed:
-			l.flush()
-			return
+			done = true
 		case <-timer.C:
 			_ = l.sub.Unsubscribe()
-			l.flush()
-			return
+			done = true
+		case free <- struct{}{}:
+			l.start()
+		case <-alive.c():
+			l.keepQueuedAlive()
+		}
+	}
+	l.flush()
+	l.empty(alive)
+}
+
+// empty starts every queued keyless message, oldest first, as slots free
+// up, keeping the others alive meanwhile.
+func (l *partitionLoop) empty(alive *aliveTicker) {
+	for len(l.queue) > 0 {
+		select {
+		case l.s.slots <- struct{}{}:
+			l.start()
+		case <-alive.c():
+			l.keepQueuedAlive()
 		}
 	}
 }
+
+// start runs the oldest queued keyless message on a goroutine of its own,
+// holding the slot the loop took for it. With one slot, one runs at a
+// time, in the order pulled.
+func (l *partitionLoop) start() {
+	s := l.s
+	d := l.queue[0]
+	l.queue[0] = nil
+	l.queue = l.queue[1:]
+	s.running.Add(1)
+	go func() { // ends when Deliver returns
+		defer s.running.Done()
+		defer func() { <-s.slots }()
+		s.sub.Deliver(d)
+	}()
+}
+
+// keepQueuedAlive tells the server the queued keyless messages are held
+// here (+WPI), so that none is delivered again while it waits for a slot.
+// If one fails, that message comes back after its AckWait: allowed.
+func (l *partitionLoop) keepQueuedAlive() {
+	for _, d := range l.queue {
+		_ = d.KeepAlive()
+	}
+}
+
+// aliveTicker ticks every third of the AckWait for a loop with a queue (a
+// nil one never ticks).
+type aliveTicker struct{ t *time.Ticker }
+
+// keepAlive returns the keyless loop's ticker; nil for a partition's.
+func (l *partitionLoop) keepAlive() *aliveTicker {
+	if l.batch == 1 {
+		return nil
+	}
+	return &aliveTicker{t: time.NewTicker(l.s.t.cfg.ackWait / 3)}
+}
+
+func (a *aliveTicker) c() <-chan time.Time {
+	if a == nil {
+		return nil
+	}
+	return a.t.C
+}
+
+// Stop stops the ticker.
+func (a *aliveTicker) Stop() { a.t.Stop() }
 
 // flush delivers what is left in the inbox after its subscription ended.
 func (l *partitionLoop) flush() {
@@ -420,7 +528,8 @@ func (l *partitionLoop) logAttrs(level slog.Level, msg string, err error) {
 		slog.String("stream", s.ts.stream), slog.String("consumer", l.name), slog.String("error", err.Error()))
 }
 
-// handle hands one message to the broker, once a slot is free.
+// handle hands one message to the broker: a partition's at once, once a
+// slot is free; a keyless one joins the loop's queue.
 func (l *partitionLoop) handle(m *nats.Msg) {
 	s := l.s
 	meta, err := m.Metadata()
@@ -444,46 +553,26 @@ func (l *partitionLoop) handle(m *nats.Msg) {
 	if s.t.cfg.deadLetters != nil && (meta.NumDelivered > 1 || meta.Timestamp.Before(s.t.started)) && l.deadLettered(d) {
 		return
 	}
+	if l.batch > 1 {
+		l.queue = append(l.queue, d)
+		return
+	}
 	l.acquire(d)
-	if !l.async {
-		defer func() { <-s.slots }()
-		l.deliver(d)
-		return
-	}
-	s.running.Add(1)
-	go func() { // ends when Deliver returns
-		defer s.running.Done()
-		defer func() { <-s.slots }()
-		l.deliver(d)
-	}()
+	defer func() { <-s.slots }()
+	s.sub.Deliver(d)
 }
 
-// deliver hands d to the broker, timing it for the pull size.
-func (l *partitionLoop) deliver(d *delivery) {
-	if l.batch == 1 {
-		l.s.sub.Deliver(d)
-		return
-	}
-	start := time.Now()
-	l.s.sub.Deliver(d)
-	took := int64(time.Since(start))
-	if avg := l.took.Load(); avg > 0 {
-		took = avg + (took-avg)/8 // a lost update between goroutines only slows the average down
-	}
-	l.took.Store(max(took, 1))
-}
-
-// pullSize is how many messages the next pull asks for: up to l.batch, as
-// many as the handlers can start within half the AckWait (at the average
-// time they take), so that none waits in the inbox long enough for the
-// server to deliver it again.
+// pullSize is how many messages the next pull may ask for: a partition's
+// one; the keyless loop tops its queue up to l.batch, once it is down to
+// half (0: not yet).
 func (l *partitionLoop) pullSize() int {
-	avg := time.Duration(l.took.Load())
-	if l.batch == 1 || avg <= 0 {
-		return l.batch
+	if l.batch == 1 {
+		return 1
 	}
-	n := int64(l.s.t.cfg.ackWait/2/avg) * int64(cap(l.s.slots))
-	return int(max(1, min(n, int64(l.batch))))
+	if n := l.batch - len(l.queue); n >= l.batch/2 {
+		return n
+	}
+	return 0
 }
 
 // deadLettered reports whether d's dead letter is stored already (a

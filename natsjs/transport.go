@@ -77,6 +77,7 @@ const (
 	metaTopic      = "inproc.broker.topic"
 	metaPartitions = "inproc.broker.partitions"
 	metaSubscriber = "inproc.broker.subscriber"
+	metaOrdered    = "inproc.broker.ordered" // on a keyless messages' consumer: "true" or "false"
 )
 
 // topicState is what the transport knows of a topic's stream.
@@ -97,6 +98,12 @@ func (ts *topicState) msgSubject(p int) string { return ts.subject + ".m." + str
 // not ordered by partition, so one consumer per subscriber hands them out
 // many at a time.
 func (ts *topicState) keylessSubject() string { return ts.subject + ".u" }
+
+// keylessRedriveSubject is the subject of keyless messages redriven to
+// subscriber name: its keyless messages' consumer takes them.
+func (ts *topicState) keylessRedriveSubject(name string) string {
+	return ts.subject + ".r." + nameToken(name) + ".u"
+}
 
 // redriveSubject is the subject of messages redriven to subscriber name
 // in partition p.
@@ -330,7 +337,11 @@ func (t *Transport) Redrive(ctx context.Context, dl broker.DeadLetter) error {
 		return err
 	}
 	p := Partition(msg.Key, msg.ID, ts.parts)
-	if _, err := t.js.Consumer(ctx, ts.stream, durableName(dl.Subscriber, p)); err != nil {
+	consumer, subject := durableName(dl.Subscriber, p), ts.redriveSubject(dl.Subscriber, p)
+	if msg.Key == "" {
+		consumer, subject = keylessName(dl.Subscriber), ts.keylessRedriveSubject(dl.Subscriber)
+	}
+	if _, err := t.js.Consumer(ctx, ts.stream, consumer); err != nil {
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return fmt.Errorf("%w: natsjs: %q on topic %q has no consumer", broker.ErrSubscriberNotFound, dl.Subscriber, msg.Topic)
 		}
@@ -338,7 +349,7 @@ func (t *Transport) Redrive(ctx context.Context, dl broker.DeadLetter) error {
 	}
 	h := encodeHeader(&msg)
 	h.Set(hdrRedrive, headerValue(dl.ID))
-	m := &nats.Msg{Subject: ts.redriveSubject(dl.Subscriber, p), Header: h, Data: msg.Payload}
+	m := &nats.Msg{Subject: subject, Header: h, Data: msg.Payload}
 	// The copy has an ID of its own: redriving one dead letter twice
 	// within the window stores it once.
 	return t.publish(ctx, ts, m, "redrive "+dl.ID)
