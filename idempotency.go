@@ -102,12 +102,18 @@ type MemoryIdempotencyStore struct {
 
 	// What the bound costs, for Stats: entries never leave the table, so
 	// filled is how many slots hold one; an entry replaced while still
-	// inside the window was forgotten early, and the age of the entry last
-	// replaced is the window the table keeps now.
+	// inside the window was forgotten early, and the age at which entries
+	// are replaced is the window the table keeps now. Replacements are
+	// counted on a sample, one in replSample chosen by the key's hash: two
+	// atomic writes on every replacement made W2 (8 subscribers, a full
+	// table) 30% slower (bench/ab.sh, 10 rounds, against no counting).
 	filled      atomic.Int64
-	forgotten   atomic.Uint64
-	replacedAge atomic.Int64 // -1 until an entry is replaced
+	forgotten   atomic.Uint64 // sampled replacements inside the window, times replSample
+	replacedAge atomic.Int64  // -1 until an entry is replaced
 }
+
+// replSample is how many replacements one sampled replacement stands for.
+const replSample = 16
 
 var _ IdempotencyStore = (*MemoryIdempotencyStore)(nil)
 
@@ -299,6 +305,9 @@ func (s *MemoryIdempotencyStore) record(sl slot) {
 			s.filled.Add(1)
 			return
 		}
+		if (sl.tag>>1)%replSample != 0 { // the tag's low bit is always 1
+			return // not in the sample
+		}
 		// The window kept now: a moving average of the ages replaced (a
 		// lost update between two writers only delays it).
 		age := max(sl.now-dated, 0)
@@ -307,7 +316,7 @@ func (s *MemoryIdempotencyStore) record(sl slot) {
 		}
 		s.replacedAge.Store(age)
 		if s.within(sl.now, dated) {
-			s.forgotten.Add(1)
+			s.forgotten.Add(replSample)
 		}
 	}
 }
@@ -319,7 +328,10 @@ type DedupStats struct {
 	Window   time.Duration // the configured window
 	// ForgottenEarly counts IDs dropped to make room while still inside
 	// the window: a copy of one published later, within the window, runs
-	// again. Nonzero means the table is too small for the traffic.
+	// again. Nonzero means the table is too small for the traffic. It is
+	// estimated from one replacement in 16 (chosen by the ID's hash), so it
+	// moves in steps of 16 and is within a few percent once a few hundred
+	// were forgotten.
 	ForgottenEarly uint64
 	// EffectiveWindow is how far apart in publish time an ID and its copy
 	// are still caught now: the age at which entries are replaced to make
