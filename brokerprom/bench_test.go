@@ -68,6 +68,22 @@ func BenchmarkW1(b *testing.B) {
 // goroutines on one (topic, subscriber): the Collector's own (a read lock
 // and a map lookup per event) and the one ForSubscriber returns.
 func BenchmarkObserver(b *testing.B) {
+	ev, hooks := hookCases(b)
+	for _, h := range hooks {
+		b.Run(h.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					h.o.Attempted(ev)
+				}
+			})
+		})
+	}
+}
+
+// hookCases are a delivered attempt's event and the two hooks that take
+// it: the Collector's own and the one ForSubscriber returns.
+func hookCases(b *testing.B) (broker.AttemptEvent, []namedHooks) {
 	c, err := brokerprom.New()
 	if err != nil {
 		b.Fatal(err)
@@ -75,19 +91,12 @@ func BenchmarkObserver(b *testing.B) {
 	now := time.Now()
 	ev := broker.AttemptEvent{Topic: "t", Subscriber: "s", Attempt: 1, Start: now, Duration: time.Millisecond,
 		Outcome: broker.OutcomeDelivered, PublishedAt: now.Add(-time.Millisecond)}
-	for _, hooks := range []struct {
-		name string
-		o    broker.Observer
-	}{{"collector", c}, {"for-subscriber", c.ForSubscriber("t", "s")}} {
-		b.Run(hooks.name, func(b *testing.B) {
-			b.ReportAllocs()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					hooks.o.Attempted(ev)
-				}
-			})
-		})
-	}
+	return ev, []namedHooks{{"collector", c}, {"for-subscriber", c.ForSubscriber("t", "s")}}
+}
+
+type namedHooks struct {
+	name string
+	o    broker.Observer
 }
 
 // BenchmarkCollect is one scrape of a broker with 100 topics of 2
@@ -132,21 +141,12 @@ func BenchmarkCollect(b *testing.B) {
 // ForSubscriber returns (which the broker uses). Most of the latter's time
 // is the two histograms' Observe.
 func BenchmarkObserverSerial(b *testing.B) {
-	c, err := brokerprom.New()
-	if err != nil {
-		b.Fatal(err)
-	}
-	now := time.Now()
-	ev := broker.AttemptEvent{Topic: "t", Subscriber: "s", Attempt: 1, Start: now, Duration: time.Millisecond,
-		Outcome: broker.OutcomeDelivered, PublishedAt: now.Add(-time.Millisecond)}
-	for _, hooks := range []struct {
-		name string
-		o    broker.Observer
-	}{{"collector", c}, {"for-subscriber", c.ForSubscriber("t", "s")}} {
-		b.Run(hooks.name, func(b *testing.B) {
+	ev, hooks := hookCases(b)
+	for _, h := range hooks {
+		b.Run(h.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for range b.N {
-				hooks.o.Attempted(ev)
+				h.o.Attempted(ev)
 			}
 		})
 	}

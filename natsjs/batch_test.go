@@ -59,20 +59,7 @@ func TestPublishBatchFullStream(t *testing.T) {
 		t.Run(fmt.Sprintf("timeout=%v", timeout), func(t *testing.T) {
 			r := newRig(t, conn, false, []natsjs.TransportOption{natsjs.WithQueueSize(5)}, broker.WithPublishTimeout(timeout))
 			topic := fmt.Sprintf("batch-full-%d", i)
-			release := make(chan struct{})
-			var once sync.Once
-			t.Cleanup(func() { once.Do(func() { close(release) }) })
-			r.subscribe(t, topic, "slow", func(ctx context.Context, m broker.Message) error {
-				select {
-				case <-release:
-				case <-ctx.Done():
-				}
-				return nil
-			})
-			msgs := make([]broker.Message, 8)
-			for k := range msgs {
-				msgs[k] = broker.Message{ID: fmt.Sprintf("m-%d", k), Topic: topic}
-			}
+			msgs := stuckTopic(t, r, topic, 8)
 			start := time.Now()
 			err := r.b.PublishBatch(t.Context(), msgs)
 			took := time.Since(start)
@@ -168,20 +155,7 @@ func TestPublishBatchAfterCtxEnded(t *testing.T) {
 // room about one publish timeout in all, not one per refused message.
 func TestPublishBatchFullWaitsOnce(t *testing.T) {
 	r := newRig(t, embedded(t, ""), true, []natsjs.TransportOption{natsjs.WithQueueSize(5)}, broker.WithPublishTimeout(time.Second))
-	release := make(chan struct{})
-	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { close(release) }) })
-	r.subscribe(t, "full", "slow", func(ctx context.Context, m broker.Message) error {
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-		return nil
-	})
-	msgs := make([]broker.Message, 16)
-	for k := range msgs {
-		msgs[k] = broker.Message{ID: fmt.Sprintf("m-%02d", k), Topic: "full"}
-	}
+	msgs := stuckTopic(t, r, "full", 16)
 	start := time.Now()
 	err := r.b.PublishBatch(t.Context(), msgs)
 	took := time.Since(start)
@@ -209,4 +183,26 @@ func TestPublishBatchFullWaitsOnce(t *testing.T) {
 	if took < time.Second || took > 5*time.Second {
 		t.Errorf("took %v; want about the publish timeout, 1 s, for the batch", took)
 	}
+}
+
+// stuckTopic subscribes "slow" to topic with a handler that waits until
+// the test ends (so the stream fills up), and returns n messages for it,
+// m-00 to m-<n-1>.
+func stuckTopic(t *testing.T, r *rig, topic string, n int) []broker.Message {
+	t.Helper()
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	r.subscribe(t, topic, "slow", func(ctx context.Context, m broker.Message) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	msgs := make([]broker.Message, n)
+	for k := range msgs {
+		msgs[k] = broker.Message{ID: fmt.Sprintf("m-%02d", k), Topic: topic}
+	}
+	return msgs
 }
