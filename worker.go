@@ -83,6 +83,9 @@ func (w *worker) run() {
 			w.n, probe = len(batch), p
 		}
 		for w.i = 0; w.i < w.n; w.i++ {
+			if k := w.i + 2; k < w.n && s.pipe.mem != nil {
+				s.pipe.mem.prefetch(s.pipe.salt, w.buf[k].env.idh)
+			}
 			it := &w.buf[w.i]
 			s.lane.start()
 			started = true
