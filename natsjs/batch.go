@@ -71,8 +71,8 @@ func (t *Transport) PublishBatch(ctx context.Context, msgs []broker.Message, wai
 		}
 		m := ts.newMsg(msg)
 		f, err := t.js.PublishMsgAsync(m, t.publishOpts(ts, msg.ID)...)
-		if err != nil { // stalled, or no connection: alone, as Publish does
-			errs[i] = t.publishWithin(ctx, ts, m, msg.ID, wait) // alone, as Publish: its own wait
+		if err != nil { // stalled, or no connection: alone, as Publish does (its own wait)
+			errs[i] = t.publishWithin(ctx, ts, m, msg.ID, wait)
 			continue
 		}
 		sent = append(sent, sentMsg{i: i, id: msg.ID, ts: ts, m: m, at: time.Now(), f: f})
