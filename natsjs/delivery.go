@@ -180,6 +180,7 @@ type delivery struct {
 	redriven bool
 	dlID     string
 	every    time.Duration
+	check    bool // look its dead letter up before running it (see partitionLoop.handle)
 }
 
 var (

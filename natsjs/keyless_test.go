@@ -292,3 +292,48 @@ func TestKeylessNeedsTheKeylessConsumer(t *testing.T) {
 		t.Errorf("the stream holds %d messages; want 1 (the keyed one; the keyless one had no consumer)", n)
 	}
 }
+
+// TestKeylessQueueDrainsAtAStop: the keyless queue holds about a second of
+// work (the handlers' average time decides), so an Unsubscribe with a
+// deadline of two seconds runs every message queued in the process. A
+// message queued and handed back unstarted at the deadline would have used
+// its only attempt (MaxRetries 0) and be dead-lettered without running, as
+// 64 queued messages of 50 ms did.
+func TestKeylessQueueDrainsAtAStop(t *testing.T) {
+	r := newRig(t, embedded(t, ""), true, nil, broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 0}))
+	var mu sync.Mutex
+	ran := map[string]int{}
+	h := func(ctx context.Context, m broker.Message) error {
+		mu.Lock()
+		ran[m.ID]++
+		mu.Unlock()
+		select {
+		case <-time.After(50 * time.Millisecond):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	sub := r.subscribe(t, "q", "s", h)
+	msgs := make([]broker.Message, 60)
+	for i := range msgs {
+		msgs[i] = broker.Message{ID: fmt.Sprintf("m-%03d", i), Topic: "q"}
+	}
+	if err := r.b.PublishBatch(t.Context(), msgs); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "ten runs", func() bool { mu.Lock(); defer mu.Unlock(); return len(ran) >= 10 })
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	err := sub.Unsubscribe(ctx)
+	cancel()
+	ss := subStats(r.b, "q", "s")
+	t.Logf("Unsubscribe: %v; Delivered %d, DeadLettered %d", err, ss.Delivered, ss.DeadLettered)
+	if err != nil || ss.DeadLettered != 0 {
+		t.Errorf("Unsubscribe = %v, %d dead-lettered; want nil and none (the queue drained before the deadline)", err, ss.DeadLettered)
+	}
+	r.subscribe(t, "q", "s", h) // the rest, from the server
+	waitFor(t, "every message delivered", func() bool { return subStats(r.b, "q", "s").Delivered == 60 })
+	if dl := subStats(r.b, "q", "s").DeadLettered; dl != 0 {
+		t.Errorf("%d dead-lettered; want none", dl)
+	}
+}

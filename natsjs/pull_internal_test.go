@@ -1,25 +1,41 @@
 package natsjs
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // TestPullSize: a partition's loop pulls one message at a time; the
-// keyless loop tops its queue up to its batch once the queue is down to
-// half, and does not pull before.
+// keyless loop tops its queue up to its limit once the queue is down to
+// half, and does not pull before; the limit is what its handlers start
+// within keylessQueueFor at their average time (keylessAhead per handler
+// before one is known), between 1 and keylessBatch.
 func TestPullSize(t *testing.T) {
 	tests := []struct {
-		name          string
-		batch, queued int
-		want          int
+		name            string
+		batch, handlers int
+		avg             time.Duration
+		queued, want    int
 	}{
-		{"a partition", 1, 0, 1},
-		{"keyless, empty queue", keylessBatch, 0, keylessBatch},
-		{"keyless, down to half", keylessBatch, keylessBatch / 2, keylessBatch / 2},
-		{"keyless, more than half queued", keylessBatch, keylessBatch/2 + 1, 0},
-		{"keyless, full", keylessBatch, keylessBatch, 0},
+		{"a partition", 1, 4, time.Millisecond, 0, 1},
+		{"no average yet, empty", keylessBatch, 1, 0, 0, keylessAhead},
+		{"no average yet, down to half", keylessBatch, 1, 0, keylessAhead / 2, keylessAhead / 2},
+		{"no average yet, more than half", keylessBatch, 1, 0, keylessAhead/2 + 1, 0},
+		{"no average yet, two handlers", keylessBatch, 2, 0, 0, 2 * keylessAhead},
+		{"fast handlers", keylessBatch, 1, time.Millisecond, 0, keylessBatch},
+		{"fast handlers, more than half", keylessBatch, 1, time.Millisecond, keylessBatch/2 + 1, 0},
+		{"500 ms handlers, two of them", keylessBatch, 2, 500 * time.Millisecond, 0, 4},
+		{"500 ms handlers, two, down to half", keylessBatch, 2, 500 * time.Millisecond, 2, 2},
+		{"slower than the queue's second", keylessBatch, 1, 5 * time.Second, 0, 1},
+		{"slower than the queue's second, one queued", keylessBatch, 1, 5 * time.Second, 1, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			l := &partitionLoop{batch: tc.batch, queue: make([]*delivery, tc.queued)}
+			l := &partitionLoop{
+				s:     &subscription{slots: make(chan struct{}, tc.handlers)},
+				batch: tc.batch, queue: make([]*delivery, tc.queued),
+			}
+			l.took.Store(int64(tc.avg))
 			if got := l.pullSize(); got != tc.want {
 				t.Errorf("pullSize = %d; want %d", got, tc.want)
 			}

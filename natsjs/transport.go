@@ -323,7 +323,8 @@ func (t *Transport) publishOpts(ts *topicState, id string) []jetstream.PublishOp
 }
 
 // Redrive publishes a copy of dl.Message to the redrive subject of
-// dl.Subscriber (in the partition of its Key), marked redriven, for the
+// dl.Subscriber (in the partition of its Key; to its keyless messages'
+// consumer without one), marked redriven, for the
 // subscriber's consumer only. The consumer must exist (a process has
 // subscribed under the name and it was not removed), else the error wraps
 // broker.ErrSubscriberNotFound; no process needs to be subscribed now.
@@ -425,8 +426,8 @@ func streamFull(err error) bool {
 
 // Partition returns the partition of a message with the given Key and ID
 // in a topic of n partitions: FNV-1a (32 bits) of the Key, or of the ID for
-// a keyless message (which only a redrive puts in a partition: published,
-// it goes to the keyless messages' subject), modulo n. Its consumer for
+// a keyless message, modulo n (a keyless message goes to no partition:
+// published or redriven, it has subjects of its own). Its consumer for
 // subscriber s is ConsumerNames(ctx, topic, s)[Partition(key, id, n)].
 // Every process must compute the same, so this never changes.
 func Partition(key, id string, n int) int {
