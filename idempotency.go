@@ -106,17 +106,24 @@ type MemoryIdempotencyStore struct {
 	// What the bound costs, for Stats: entries never leave the table, so
 	// filled is how many slots hold one; an entry replaced while still
 	// inside the window was forgotten early, and the age at which entries
-	// are replaced is the window the table keeps now. Replacements are
-	// counted on a sample, one in replSample chosen by the key's hash: two
-	// atomic writes on every replacement made W2 (8 subscribers, a full
-	// table) 30% slower (bench/ab.sh, 10 rounds, against no counting).
+	// are replaced is the window the table keeps now. In a large table
+	// (the default's 100,000 entries) replacements are counted on a
+	// sample, one in replSample chosen by the key's hash: two atomic
+	// writes on every replacement made W2 (8 subscribers, a full table) 30%
+	// slower (bench/ab.sh, 10 rounds, against no counting).
 	filled      atomic.Int64
-	forgotten   atomic.Uint64 // sampled replacements inside the window, times replSample
+	forgotten   atomic.Uint64 // replacements inside the window (sampled ones times sample)
+	sample      uint64        // 1: every replacement counted; else one in sample (see replSample), a power of two
 	replacedAge atomic.Int64  // -1 until an entry is replaced
 }
 
-// replSample is how many replacements one sampled replacement stands for.
-const replSample = 16
+// A table larger than exactEntries counts replacements on a sample: one
+// in replSample, chosen by the key's hash. A smaller one counts each (its
+// traffic is small, or it fits in cache).
+const (
+	replSample   = 16 // a power of two
+	exactEntries = 1 << 16
+)
 
 var _ IdempotencyStore = (*MemoryIdempotencyStore)(nil)
 
@@ -169,6 +176,10 @@ func NewMemoryIdempotencyStore(window time.Duration, maxEntries int) *MemoryIdem
 		nBuckets: max((maxEntries+dedupWays-1)/dedupWays, 2),
 	}
 	s.replacedAge.Store(-1)
+	s.sample = 1
+	if s.Cap() > exactEntries {
+		s.sample = replSample
+	}
 	return s
 }
 
@@ -308,7 +319,7 @@ func (s *MemoryIdempotencyStore) record(sl slot) {
 			s.filled.Add(1)
 			return
 		}
-		if (sl.tag>>1)%replSample != 0 { // the tag's low bit is always 1
+		if (sl.tag>>1)&(s.sample-1) != 0 { // the tag's low bit is always 1
 			return // not in the sample
 		}
 		// The window kept now: a moving average of the ages replaced (a
@@ -319,7 +330,7 @@ func (s *MemoryIdempotencyStore) record(sl slot) {
 		}
 		s.replacedAge.Store(age)
 		if s.within(sl.now, dated) {
-			s.forgotten.Add(replSample)
+			s.forgotten.Add(s.sample)
 		}
 	}
 }
@@ -332,9 +343,10 @@ type DedupStats struct {
 	// ForgottenEarly counts IDs dropped to make room while still inside
 	// the window: a copy of one published later, within the window, runs
 	// again. Nonzero means the table is too small for the traffic. It is
-	// estimated from one replacement in 16 (chosen by the ID's hash), so it
-	// moves in steps of 16 and is within a few percent once a few hundred
-	// were forgotten.
+	// exact for a store of at most 65,536 entries; a larger one (the
+	// default holds 100,000) estimates it from one replacement in 16
+	// (chosen by the ID's hash), so it moves in steps of 16 and is within a
+	// few percent once a few hundred were forgotten.
 	ForgottenEarly uint64
 	// EffectiveWindow is how far apart in publish time an ID and its copy
 	// are still caught now: the age at which entries are replaced to make

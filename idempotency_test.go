@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -406,7 +407,7 @@ func TestDedupStatsTellTheWindowKeptNow(t *testing.T) {
 		settle(t, b)
 		st = b.Stats().Dedup
 		assert.Equal(t, 1000, st.Entries)
-		assert.Greater(t, st.ForgottenEarly, uint64(4000), "about 5,000 IDs replaced inside the window")
+		assert.Equal(t, uint64(5000), st.ForgottenEarly, "6,000 IDs, 1,000 kept: each other one replaced inside the window (counted exactly in a small store)")
 		assert.Less(t, st.EffectiveWindow, 20*time.Second, "the table holds about 10 s of this traffic, not 5 min")
 		assert.Greater(t, st.EffectiveWindow, 2*time.Second)
 		// A copy of an ID from 50 s ago runs again: it was forgotten early.
@@ -434,4 +435,36 @@ func TestDedupTableIsAllocatedOnFirstUse(t *testing.T) {
 	seen, _ = store.Seen(context.Background(), DeliveryKey{MessageID: "m"})
 	assert.True(t, seen)
 	assert.Equal(t, DefaultDedupEntries/dedupWays, len(*store.tab.Load()))
+}
+
+// TestDedupForgottenEarlyCounts: a small store counts every ID forgotten
+// early; a large one (more than exactEntries) estimates the count from a
+// sample of the replacements, within a few percent.
+func TestDedupForgottenEarlyCounts(t *testing.T) {
+	tests := []struct {
+		name     string
+		capacity int
+		ids      int
+		exact    bool
+	}{
+		{"small store, exact", 4096, 20_000, true},
+		{"default size, sampled", DefaultDedupEntries, 250_000, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewMemoryIdempotencyStore(time.Hour, tc.capacity)
+			now := time.Now()
+			for i := range tc.ids {
+				require.NoError(t, s.Record(context.Background(), DeliveryKey{Topic: "t", Subscriber: "s", MessageID: strconv.Itoa(i), PublishedAt: now}))
+			}
+			st := s.Stats()
+			want := uint64(tc.ids - st.Entries) // every ID that did not fill a slot replaced one inside the window
+			if tc.exact {
+				assert.Equal(t, want, st.ForgottenEarly)
+				return
+			}
+			assert.InEpsilon(t, float64(want), float64(st.ForgottenEarly), 0.05)
+			assert.Zero(t, st.ForgottenEarly%replSample, "moves in steps of the sample")
+		})
+	}
 }
