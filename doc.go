@@ -31,6 +31,8 @@
 // dedup check, attempt
 // (handler with deadline and panic recovery), classify the error, park for
 // a retry or dead-letter, record stats, logs and observer events.
+// [Broker.PublishBatch] publishes many messages at once, each as Publish
+// would, saying which were refused ([BatchError]).
 //
 // # Isolation
 //
@@ -105,7 +107,8 @@
 // in flight. Logs use log/slog with the fields topic, message_id,
 // subscriber, attempt, error_code, retryable and final_state. An
 // [Observer] receives every event for metrics adapters; its hooks run on the
-// hot path and must not block. [WithMiddleware] wraps every attempt (tracing,
+// hot path and must not block (a [SubscriberObserver] gets an Observer of
+// its own per subscription, for per-subscriber state). [WithMiddleware] wraps every attempt (tracing,
 // auth, logging), and [WithPublishHook] decorates each message in Publish
 // with the publisher's context (trace context into Headers). Package
 // [github.com/inproc/broker/admin] is an admin page.
@@ -118,6 +121,7 @@
 // subscribers whose work is shared by several processes: the delivery
 // engine — dedup, attempts, classification, retries, dead letters, Stats,
 // Observer, logs — stays this package's, run over each [Delivery] the
-// transport hands it. Package [github.com/inproc/broker/brokertest] has the
+// transport hands it ([Broker.Transport] returns it; a [BatchTransport]
+// takes a PublishBatch in one call). Package [github.com/inproc/broker/brokertest] has the
 // conformance suites a transport or a store runs.
 package broker
