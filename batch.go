@@ -121,9 +121,16 @@ func (b *Broker) publishRemoteBatch(ctx context.Context, bt BatchTransport, msgs
 	if pctx == nil {
 		pctx = context.Background()
 	}
-	out := bt.PublishBatch(pctx, ready, b.cfg.publishTimeout)
-	if len(out) != len(ready) {
-		err := fmt.Errorf("broker: publish batch: the transport answered %d of %d messages", len(out), len(ready))
+	var out []error
+	perr := b.guard.call("Transport", "PublishBatch", func() error {
+		out = bt.PublishBatch(pctx, ready, b.cfg.publishTimeout)
+		return nil
+	})
+	if perr != nil || len(out) != len(ready) {
+		err := perr
+		if err == nil {
+			err = fmt.Errorf("broker: publish batch: the transport answered %d of %d messages", len(out), len(ready))
+		}
 		out = make([]error, len(ready))
 		for k := range out {
 			out[k] = err

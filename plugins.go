@@ -39,6 +39,17 @@ func (g guard) recovered(plugin, method string, v any) error {
 	return err
 }
 
+// call runs f, plugged-in code's method, its panic being its error
+// (logged and counted).
+func (g guard) call(plugin, method string, f func() error) (err error) {
+	defer func() {
+		if e := g.recovered(plugin, method, recover()); e != nil {
+			err = e
+		}
+	}()
+	return f()
+}
+
 // guardedLogHandler is the user's slog.Handler with its panics recovered
 // and counted; they are not logged, the logger being what failed.
 type guardedLogHandler struct {

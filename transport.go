@@ -184,7 +184,7 @@ func (b *Broker) publishRemote(ctx context.Context, msg Message) error {
 	} else {
 		pctx, cancel = context.WithCancel(pctx)
 	}
-	err := r.t.Publish(pctx, msg)
+	err := b.guard.call("Transport", "Publish", func() error { return r.t.Publish(pctx, msg) })
 	cancel()
 	return b.remoteOutcome(ctx, msg, err)
 }

@@ -461,3 +461,29 @@ func TestBrokerTransport(t *testing.T) {
 	assert.Same(t, tr, newTransportBroker(t, tr).Transport())
 	assert.Nil(t, newTestBroker(t).Transport())
 }
+
+// panickingTransport is the fake transport whose Publish and PublishBatch
+// panic.
+type panickingTransport struct{ *fakeTransport }
+
+func (panickingTransport) Publish(context.Context, Message) error { panic("transport bug") }
+func (panickingTransport) PublishBatch(context.Context, []Message, time.Duration) []error {
+	panic("transport bug")
+}
+
+// TestPanickingTransportPublish: a transport whose Publish or PublishBatch
+// panics fails that publish (an error for each message), counted as a
+// plug-in panic; the caller does not crash.
+func TestPanickingTransportPublish(t *testing.T) {
+	b, err := New(WithLogger(discard), WithTransport(panickingTransport{newFakeTransport()}))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close(context.Background()) })
+	assert.ErrorContains(t, b.Publish(context.Background(), Message{ID: "a", Topic: "t"}), "panicked")
+	err = b.PublishBatch(context.Background(), []Message{{ID: "b", Topic: "t"}, {ID: "c", Topic: "t"}})
+	var be *BatchError
+	require.ErrorAs(t, err, &be)
+	for _, e := range be.Errs {
+		assert.ErrorContains(t, e, "panicked")
+	}
+	assert.Equal(t, uint64(2), b.Stats().PluginPanics)
+}
