@@ -63,20 +63,12 @@ func TestPublishBatchFullStream(t *testing.T) {
 			start := time.Now()
 			err := r.b.PublishBatch(t.Context(), msgs)
 			took := time.Since(start)
-			var be *broker.BatchError
-			if !errors.As(err, &be) || !errors.Is(err, broker.ErrQueueFull) {
+			if !errors.Is(err, broker.ErrQueueFull) {
 				t.Fatalf("PublishBatch into a stream of 5: %v; want a *BatchError with ErrQueueFull", err)
 			}
-			stored, full := 0, 0
-			for _, e := range be.Errs {
-				switch {
-				case e == nil:
-					stored++
-				case errors.Is(e, broker.ErrQueueFull):
-					full++
-				default:
-					t.Errorf("unexpected error: %v", e)
-				}
+			stored, full, others := outcomes(t, err)
+			for _, e := range others {
+				t.Errorf("unexpected error: %v", e)
 			}
 			if stored != 5 || full != 3 {
 				t.Errorf("%d stored, %d refused as full; want 5 and 3", stored, full)
@@ -159,24 +151,12 @@ func TestPublishBatchFullWaitsOnce(t *testing.T) {
 	start := time.Now()
 	err := r.b.PublishBatch(t.Context(), msgs)
 	took := time.Since(start)
-	var be *broker.BatchError
-	if !errors.As(err, &be) {
-		t.Fatalf("PublishBatch: %v", err)
-	}
-	stored, full, other := 0, 0, 0
-	for i, e := range be.Errs {
-		switch {
-		case e == nil:
-			stored++
-		case errors.Is(e, broker.ErrQueueFull):
-			full++
-		default:
-			other++
-			t.Logf("%s: %v", msgs[i].ID, e)
-		}
+	stored, full, others := outcomes(t, err)
+	for _, e := range others {
+		t.Logf("other: %v", e)
 	}
 	st := r.b.Stats().Topics["full"]
-	t.Logf("took %v: %d stored, %d ErrQueueFull, %d other; Published %d Rejected %d", took.Round(time.Millisecond), stored, full, other, st.Published, st.Rejected)
+	t.Logf("took %v: %d stored, %d ErrQueueFull, %d other; Published %d Rejected %d", took.Round(time.Millisecond), stored, full, len(others), st.Published, st.Rejected)
 	if stored != 5 || full != 11 || st.Rejected != 11 {
 		t.Errorf("want 5 stored, 11 ErrQueueFull, Rejected 11")
 	}
@@ -205,4 +185,25 @@ func stuckTopic(t *testing.T, r *rig, topic string, n int) []broker.Message {
 		msgs[k] = broker.Message{ID: fmt.Sprintf("m-%02d", k), Topic: topic}
 	}
 	return msgs
+}
+
+// outcomes counts a PublishBatch's *BatchError by message: stored,
+// refused as full, and the other errors.
+func outcomes(t *testing.T, err error) (stored, full int, others []error) {
+	t.Helper()
+	var be *broker.BatchError
+	if !errors.As(err, &be) {
+		t.Fatalf("PublishBatch: %v; want a *BatchError", err)
+	}
+	for _, e := range be.Errs {
+		switch {
+		case e == nil:
+			stored++
+		case errors.Is(e, broker.ErrQueueFull):
+			full++
+		default:
+			others = append(others, e)
+		}
+	}
+	return stored, full, others
 }
