@@ -156,9 +156,23 @@ func TestLint(t *testing.T) {
 // its duration, using fake time: handler calls of 3 ms, 70 ms and 700 ms
 // (the last one's message waited 73 ms in the lane first), and a message
 // whose first attempt failed after 70 ms, delivered 1 s after publication.
+// The classic histograms (the default) and the native ones
+// (client_golang's, whose classic buckets are the same) agree.
 func TestHistogramBuckets(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []brokerprom.Option
+	}{
+		{"classic", nil},
+		{"native", []brokerprom.Option{brokerprom.WithNativeHistograms(1.1)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testHistogramBuckets(t, tc.opts) })
+	}
+}
+
+func testHistogramBuckets(t *testing.T, opts []brokerprom.Option) {
 	synctest.Test(t, func(t *testing.T) {
-		c, b := newWatched(t, nil, broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 1, Backoff: broker.ConstantBackoff(time.Second - 70*time.Millisecond)}))
+		c, b := newWatched(t, opts, broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 1, Backoff: broker.ConstantBackoff(time.Second - 70*time.Millisecond)}))
 		_, err := b.Subscribe("t", "s", func(_ context.Context, m broker.Message) error {
 			switch m.ID {
 			case "fast":
