@@ -25,7 +25,10 @@ import (
 // timer, keeping its key, and its worker goes on with the next queued
 // message. Queued, held and parked messages count against the lane's
 // capacity; what happens to a message that does not fit is the
-// subscriber's FullLanePolicy.
+// subscriber's FullLanePolicy. A message a dead-letter policy sheds waits
+// in the lane's overflowed ring for a worker of the subscriber to
+// dead-letter it, so that the topic's dispatcher, which shed it, goes on
+// at once instead of waiting on the dead-letter store.
 
 // FullLanePolicy is what a subscriber's lane does with a message routed to
 // it when it is full (its queued, held and parked messages reach its
@@ -64,6 +67,11 @@ func (p FullLanePolicy) String() string {
 // not fit (default Block). Block keeps every message and slows the topic;
 // the dead-letter policies keep the topic flowing and shed at this
 // subscriber only, each shed message a dead letter that can be redriven.
+// The subscriber's own goroutine stores the shed messages' dead letters,
+// in the order shed; they count as in flight until stored. Should as many
+// as the lane's capacity wait for the dead-letter store (besides the up
+// to 64 it is storing), the topic's dispatcher waits for room, as under
+// Block.
 func WhenLaneFull(p FullLanePolicy) SubscribeOption {
 	return func(c *subConfig) error {
 		if p < Block || p > DeadLetterOldest {
@@ -123,12 +131,24 @@ type lane struct {
 	// that count as routed there, so each ends once.
 	claimed atomic.Bool
 
-	closed  bool           // no more pushes; workers finish what is left
-	stopped bool           // stopped at once: workers return, the stopper dead-letters the rest
-	room    chan struct{}  // closed when room appears; nil while no producer waits
-	br      *breaker       // nil: none
-	shed    *atomic.Int64  // the subscriber's in-flight count: a shed message counts there until it is dead-lettered
-	routed  *atomic.Uint64 // the subscriber's routed count, moved as a message enters (so Stats balance while a push waits)
+	closed  bool          // no more pushes; workers finish what is left
+	stopped bool          // stopped at once: workers return, the stopper dead-letters the rest
+	room    chan struct{} // closed when room appears; nil while no producer waits
+	br      *breaker      // nil: none
+	shed    *atomic.Int64 // the subscriber's in-flight count: a shed message counts there until it is dead-lettered
+
+	// overflowed are messages shed from the full lane, waiting for the
+	// subscription's shedder to dead-letter them (reason "overflow"), at
+	// most capacity of them (the shedder holds up to laneBatch more, taken
+	// from here): when it is full, a message that does not fit waits for
+	// room as under Block (see pushLocked). They count as in flight
+	// (shed), not against the capacity. shedding is set while a shedder
+	// goroutine runs (started by startShedder, under mu); a closed lane is
+	// done only once it ended.
+	overflowed   fifo.Ring[laneItem]
+	shedding     bool
+	startShedder func()
+	routed       *atomic.Uint64 // the subscriber's routed count, moved as a message enters (so Stats balance while a push waits)
 
 	// onBreaker is called, without the lock, when the breaker's open
 	// interval ends (set by the subscription).
@@ -173,55 +193,97 @@ func (l *lane) waitingLocked() int {
 
 // doneLocked reports that a closed lane has nothing left to do.
 func (l *lane) doneLocked() bool {
-	return l.closed && l.waitingLocked() == 0 && l.running.Load() == 0
+	return l.closed && l.waitingLocked() == 0 && l.overflowed.Len() == 0 && !l.shedding && l.running.Load() == 0
 }
 
 // push adds it if there is room. When the lane is full it returns
 // queue.ErrFull under Block; under a dead-letter policy it makes the
-// message fit and returns the one shed (victim), which the caller
-// dead-letters with reason "overflow". After close or stop it returns
-// queue.ErrClosed.
-// With noShed (a redrive), a full lane returns queue.ErrFull whatever the
-// policy.
-func (l *lane) push(it laneItem, noShed bool) (victim laneItem, shed bool, err error) {
+// message fit and hands the one shed to the shedder (overflowed), unless
+// capacity shed messages wait already: then it returns queue.ErrFull too,
+// and the caller waits for room as under Block. After close or stop it
+// returns queue.ErrClosed. With noShed (a redrive), a full lane returns
+// queue.ErrFull whatever the policy.
+func (l *lane) push(it laneItem, noShed bool) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.pushLocked(it, noShed)
 }
 
-func (l *lane) pushLocked(it laneItem, noShed bool) (victim laneItem, shed bool, err error) {
+func (l *lane) pushLocked(it laneItem, noShed bool) error {
 	if !it.redriven && l.claimed.Load() {
-		return victim, false, nil // its Unsubscribe dead-lettered it (claimOwed)
+		return nil // its Unsubscribe dead-lettered it (claimOwed)
 	}
 	if l.closed || l.stopped {
-		return victim, false, queue.ErrClosed
+		return queue.ErrClosed
 	}
 	if l.waitingLocked() >= l.capacity {
-		policy := l.policy
-		if noShed {
-			policy = Block
+		if noShed || l.policy == Block || l.overflowed.Len() >= l.capacity {
+			return queue.ErrFull
 		}
-		switch policy {
-		case DeadLetterNewest:
+		l.shed.Add(1)
+		if l.policy == DeadLetterNewest {
 			l.routed.Add(1)
-			l.shed.Add(1)
-			return it, true, nil
-		case DeadLetterOldest:
-			victim, shed = l.evictOldestLocked()
-			l.shed.Add(1)
-			if !shed {
-				l.routed.Add(1)
-				return it, true, nil // nothing waits: everything is running
-			}
-		default:
-			return victim, false, queue.ErrFull
+			l.overflowLocked(it)
+			return nil
 		}
+		victim, ok := l.evictOldestLocked() // DeadLetterOldest
+		if !ok {
+			l.routed.Add(1)
+			l.overflowLocked(it) // nothing waits: everything is running
+			return nil
+		}
+		l.overflowLocked(victim)
 	}
 	n := l.queued.Len()
 	l.addLocked(it)
 	l.routed.Add(1)
 	l.wakeLocked(l.queued.Len() - n)
-	return victim, shed, nil
+	return nil
+}
+
+// overflowLocked hands it, shed, to the shedder, which it starts if none
+// runs.
+func (l *lane) overflowLocked(it laneItem) {
+	l.overflowed.Push(it)
+	if !l.shedding {
+		l.shedding = true
+		l.startShedder()
+	}
+}
+
+// takeShed appends to buf up to laneBatch shed messages for the shedder to
+// dead-letter, making room for a producer that waits. When there are none
+// it returns buf unchanged, and the shedder, which must return, no longer
+// counts as running.
+func (l *lane) takeShed(buf []laneItem) []laneItem {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := min(l.overflowed.Len(), laneBatch)
+	for range n {
+		it, _ := l.overflowed.Pop()
+		buf = append(buf, it)
+	}
+	switch {
+	case n > 0 && l.room != nil:
+		l.openRoomLocked()
+	case n == 0:
+		l.shedding = false
+		if l.doneLocked() {
+			l.work.Broadcast() // the workers waited for the shedder
+		}
+	}
+	return buf
+}
+
+// unshed puts back, in front and in order, shed messages a shedder took
+// and did not finish (runtime.Goexit ended it), and starts another.
+func (l *lane) unshed(items []laneItem) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := len(items) - 1; i >= 0; i-- {
+		l.overflowed.PushFront(items[i])
+	}
+	l.startShedder()
 }
 
 // pushN pushes envs, in order, while they fit without waiting or shedding,
@@ -338,17 +400,17 @@ func (l *lane) evictOldestLocked() (laneItem, bool) {
 // (queue.ErrTimeout); any may be nil. beforeWait, if not nil, runs once before the first wait, and
 // blocked receives the time spent waiting.
 func (l *lane) pushWait(it laneItem, noShed bool, stop1, stop2 <-chan struct{}, deadline <-chan time.Time,
-	beforeWait func(start time.Time), blocked func(time.Duration)) (victim laneItem, shed bool, err error) {
+	beforeWait func(start time.Time), blocked func(time.Duration)) (err error) {
 	var start time.Time
 	for {
 		l.mu.Lock()
-		victim, shed, err = l.pushLocked(it, noShed)
+		err = l.pushLocked(it, noShed)
 		if err == queue.ErrFull {
 			// Say so before looking again: a worker that starts a message
 			// (and so makes room) without the lock reads roomWanted after
 			// lowering local (see start); one of the two sees the other.
 			l.roomWanted.Store(true)
-			if victim, shed, err = l.pushLocked(it, noShed); err != queue.ErrFull && l.room == nil {
+			if err = l.pushLocked(it, noShed); err != queue.ErrFull && l.room == nil {
 				l.roomWanted.Store(false) // no producer waits after all
 			}
 		}
@@ -357,7 +419,7 @@ func (l *lane) pushWait(it laneItem, noShed bool, stop1, stop2 <-chan struct{}, 
 			if !start.IsZero() {
 				blocked(time.Since(start))
 			}
-			return victim, shed, err
+			return err
 		}
 		if l.room == nil {
 			l.room = make(chan struct{})
@@ -381,17 +443,23 @@ func (l *lane) pushWait(it laneItem, noShed bool, stop1, stop2 <-chan struct{}, 
 			err = queue.ErrTimeout
 		}
 		blocked(time.Since(start))
-		return victim, false, err
+		return err
 	}
 }
 
 // roomLocked wakes the producers waiting for room, if there is some.
 func (l *lane) roomLocked() {
 	if l.room != nil && l.waitingLocked() < l.capacity {
-		close(l.room)
-		l.room = nil
-		l.roomWanted.Store(false)
+		l.openRoomLocked()
 	}
+}
+
+// openRoomLocked wakes the producers waiting for room (l.room is not nil):
+// they look again.
+func (l *lane) openRoomLocked() {
+	close(l.room)
+	l.room = nil
+	l.roomWanted.Store(false)
 }
 
 // take waits for messages a worker may run and appends them to buf: up to
@@ -558,9 +626,7 @@ func (l *lane) close() {
 	l.mu.Lock()
 	l.closed = true
 	if l.room != nil {
-		close(l.room)
-		l.room = nil
-		l.roomWanted.Store(false)
+		l.openRoomLocked()
 	}
 	l.work.Broadcast()
 	l.mu.Unlock()
@@ -577,15 +643,15 @@ func (l *lane) claim() {
 // current attempt, and takes every message that waits (queued, held,
 // parked) out of the lane for the caller to dead-letter. inFlight is called
 // with their number, under the lane's lock, so that they count as in
-// flight before they stop counting as queued.
-func (l *lane) stop(inFlight func(int)) []laneItem {
+// flight before they stop counting as queued. It also returns the shed
+// messages no worker dead-lettered yet (they count as in flight already),
+// for the caller to dead-letter as overflowed.
+func (l *lane) stop(inFlight func(int)) (waiting, overflowed []laneItem) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.closed, l.stopped = true, true
 	if l.room != nil {
-		close(l.room)
-		l.room = nil
-		l.roomWanted.Store(false)
+		l.openRoomLocked()
 	}
 	if l.br != nil {
 		l.br.stopTimer()
@@ -612,8 +678,15 @@ func (l *lane) stop(inFlight func(int)) []laneItem {
 	clear(l.parked)
 	l.held = 0
 	inFlight(len(out))
+	for {
+		it, ok := l.overflowed.Pop()
+		if !ok {
+			break
+		}
+		overflowed = append(overflowed, it)
+	}
 	l.work.Broadcast()
-	return out
+	return out, overflowed
 }
 
 // laneStats is a lane's state at one moment.

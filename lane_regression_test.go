@@ -241,7 +241,7 @@ func TestLaneStartPushWaitRace(t *testing.T) {
 	for i := 0; i < 50000 && lost == 0; i++ {
 		l := newLane(1, 1, Block, false, nil, false)
 		l.routed, l.shed = &routed, &shed
-		if _, _, err := l.push(laneItem{env: envelope{msg: Message{ID: "a"}}}, false); err != nil {
+		if err := l.push(laneItem{env: envelope{msg: Message{ID: "a"}}}, false); err != nil {
 			t.Fatal(err)
 		}
 		var buf [laneBatch]laneItem
@@ -254,7 +254,7 @@ func TestLaneStartPushWaitRace(t *testing.T) {
 		go func() {
 			for !go1.Load() {
 			}
-			_, _, err := l.pushWait(laneItem{env: envelope{msg: Message{ID: "b"}}}, false, stop, nil, nil, nil, func(time.Duration) {})
+			err := l.pushWait(laneItem{env: envelope{msg: Message{ID: "b"}}}, false, stop, nil, nil, nil, func(time.Duration) {})
 			done <- err
 		}()
 		go1.Store(true)

@@ -202,7 +202,10 @@ func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 // context was cancelled with the reason: the workers return after their
 // current attempt.
 func (s *Subscription) stopNow() {
-	items := s.lane.stop(func(n int) { s.c.inFlight.Add(int64(n)) })
+	items, overflowed := s.lane.stop(func(n int) { s.c.inFlight.Add(int64(n)) })
+	for i := range overflowed {
+		s.overflowed(&overflowed[i])
+	}
 	for i := range items {
 		s.pipe.cutOff(s.ctx, &items[i])
 		s.c.inFlight.Add(-1)

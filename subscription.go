@@ -115,6 +115,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	s.lane = newLane(sc.laneSize, sc.concurrency, sc.whenFull, sc.ordered, br, sc.rate > 0)
 	s.lane.shed, s.lane.routed = &c.inFlight, &c.routed
 	s.lane.onBreaker = s.breakerChanged
+	s.lane.startShedder = s.startShedder
 	if sc.rate > 0 {
 		s.limiter = newTokenBucket(sc.rate, sc.burst)
 	}
@@ -187,21 +188,19 @@ func (s *Subscription) routeRedriven(msg Message, cancel <-chan struct{}, deadli
 }
 
 // route hands it to the subscriber, waiting for room in its lane when it
-// is full and the policy blocks (or noShed) until cancel is closed or
-// deadline fires (either may be nil); before and after bracket that wait.
-// It returns nil once the message is the subscriber's responsibility: in
-// its lane, dead-lettered because it did not fit (under a dead-letter
-// policy), or dead-lettered because the subscription is stopping at once.
-// A queue error means it was not routed.
+// is full and the policy blocks (or noShed, or the shedder has capacity
+// shed messages to dead-letter already) until cancel is closed or deadline
+// fires (either may be nil); before and after bracket that wait. It
+// returns nil once the message is the subscriber's responsibility: in its
+// lane, shed for the shedder to dead-letter because it (or, under
+// DeadLetterOldest, an older one) did not fit, or dead-lettered because
+// the subscription is stopping at once. A queue error means it was not
+// routed.
 func (s *Subscription) route(it laneItem, noShed bool, cancel <-chan struct{}, deadline <-chan time.Time,
 	before func(time.Time), after func(time.Duration)) error {
-	victim, shed, err := s.lane.push(it, noShed)
+	err := s.lane.push(it, noShed)
 	if err == queue.ErrFull {
-		victim, shed, err = s.lane.pushWait(it, noShed, s.ctx.Done(), cancel, deadline, before, after)
-	}
-	if shed {
-		s.pipe.overflow(&victim)
-		s.c.inFlight.Add(-1) // counted by the lane as it shed it
+		err = s.lane.pushWait(it, noShed, s.ctx.Done(), cancel, deadline, before, after)
 	}
 	if err != nil && !it.redriven && s.lane.claimed.Load() {
 		return nil // claimed while the dispatcher waited: its Unsubscribe dead-lettered it
@@ -213,6 +212,49 @@ func (s *Subscription) route(it laneItem, noShed bool, cancel <-chan struct{}, d
 		return nil
 	}
 	return err
+}
+
+// overflowed dead-letters it, which the lane shed (reason "overflow"): it
+// counted as in flight since.
+func (s *Subscription) overflowed(it *laneItem) {
+	s.pipe.overflow(it)
+	s.c.inFlight.Add(-1)
+}
+
+// startShedder starts the goroutine that dead-letters what the lane sheds
+// (lane.overflowed), so that the topic's dispatcher, which sheds, never
+// waits on the dead-letter store for this subscriber: a slow store costs
+// the topic nothing until capacity shed messages wait. The lane calls it
+// under its lock while it is open (or from a shedder ended by
+// runtime.Goexit), so the broker's WaitGroup is above zero. The shedder
+// runs while there is something to dead-letter, then returns; a closed
+// lane's workers wait for it.
+func (s *Subscription) startShedder() {
+	s.b.wg.Add(1)
+	go s.shed()
+}
+
+func (s *Subscription) shed() {
+	defer s.b.wg.Done()
+	buf := make([]laneItem, 0, laneBatch)
+	var i int
+	finished := false
+	defer func() {
+		if !finished { // runtime.Goexit in a store or an Observer
+			s.lane.unshed(buf[i:])
+		}
+	}()
+	for {
+		buf = s.lane.takeShed(buf[:0])
+		if len(buf) == 0 {
+			finished = true
+			return
+		}
+		for i = range buf {
+			s.overflowed(&buf[i])
+		}
+		clear(buf)
+	}
 }
 
 // cutOffUnrouted dead-letters it, which never entered the lane of the

@@ -1,0 +1,217 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// gatedStore is a dead-letter store whose Put waits until gate is closed
+// (a slow database, say); its Puts are counted as they start.
+type gatedStore struct {
+	*MemoryDeadLetterStore
+	gate chan struct{}
+	mu   sync.Mutex
+	puts int
+}
+
+func (s *gatedStore) Put(ctx context.Context, dl DeadLetter) error {
+	s.mu.Lock()
+	s.puts++
+	s.mu.Unlock()
+	<-s.gate
+	return s.MemoryDeadLetterStore.Put(ctx, dl)
+}
+
+func (s *gatedStore) started() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.puts
+}
+
+// A message a dead-letter policy sheds is dead-lettered by the
+// subscription's own goroutine: while the dead-letter store takes its time,
+// the topic's dispatcher goes on and the neighbour gets every message,
+// with up to the lane's capacity of shed messages waiting for the store
+// (counted in flight, so Stats balance). Beyond that the dispatcher waits
+// for the store, as under Block, and the dead letters keep the order they
+// were shed in. (The dispatcher used to call the store itself: the
+// neighbour got nothing until the store answered.)
+func TestShedWhileTheStoreIsSlow(t *testing.T) {
+	for _, policy := range []FullLanePolicy{DeadLetterNewest, DeadLetterOldest} {
+		t.Run(policy.String(), func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				store := &gatedStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil), gate: make(chan struct{})}
+				b := newTestBroker(t, WithQueueSize(100), WithPublishTimeout(0), WithDeadLetterStore(store))
+				release := make(chan struct{})
+				var stuck calls
+				_, err := b.Subscribe("t", "stuck", recording(&stuck, func(Message) error {
+					<-release
+					return nil
+				}), LaneSize(4), WhenLaneFull(policy))
+				require.NoError(t, err)
+				var other calls
+				_, err = b.Subscribe("t", "other", okHandler(&other))
+				require.NoError(t, err)
+				publishN(t, b, "t", "m", 1) // m-0 runs
+				idle()
+				// m-1..m-4 fill the lane; 4 more are shed and wait for the
+				// store, one of them in its Put.
+				for i := 1; i < 9; i++ {
+					require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprint("m-", i), Topic: "t"}))
+				}
+				idle()
+				assert.Len(t, other.ids(), 9, "the neighbour got everything while the store was busy")
+				assert.Equal(t, 1, store.started(), "one Put at a time, by the shedder")
+				st := subStats(t, b, "t", "stuck")
+				assert.Equal(t, 1+4, st.InFlight, "m-0 runs, four shed wait for the store")
+				requireConserved(t, b.Stats())
+
+				// The shedder took those four (it puts them one by one), so
+				// four more fit, waiting for it (capacity 4); the next one
+				// waits for the store, and the dispatcher with it.
+				for i := 9; i < 14; i++ {
+					require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprint("m-", i), Topic: "t"}))
+				}
+				idle()
+				assert.Equal(t, "stuck", b.Stats().Topics["t"].BlockedOn, "past capacity shed messages, the dispatcher waits for the store")
+				require.NoError(t, b.Publish(context.Background(), Message{ID: "later", Topic: "t"}))
+				idle()
+				assert.NotContains(t, other.ids(), "later", "the neighbour waits behind the dispatcher")
+				requireConserved(t, b.Stats())
+
+				close(store.gate)
+				idle()
+				assert.Len(t, other.ids(), 15)
+				var shed []string
+				for _, dl := range deadLetters(t, b) {
+					assert.Equal(t, ReasonOverflow, dl.Reason)
+					shed = append(shed, dl.Message.ID)
+				}
+				want := []string{"m-5", "m-6", "m-7", "m-8", "m-9", "m-10", "m-11", "m-12", "m-13", "later"}
+				if policy == DeadLetterOldest {
+					want = []string{"m-1", "m-2", "m-3", "m-4", "m-5", "m-6", "m-7", "m-8", "m-9", "m-10"}
+				}
+				assert.Equal(t, want, shed, "dead-lettered in the order shed")
+				close(release)
+				settle(t, b)
+				requireConserved(t, b.Stats())
+			})
+		})
+	}
+}
+
+// Shed messages are never lost to a stop: a Close that waits dead-letters
+// each before it returns; one whose context ended dead-letters what the
+// shedder had not reached, still with reason "overflow" (they were shed,
+// not cut off), and does not count them in its DrainError.
+func TestShedMessagesAtClose(t *testing.T) {
+	for _, graceful := range []bool{true, false} {
+		t.Run(fmt.Sprint("graceful=", graceful), func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				store := &gatedStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil), gate: make(chan struct{})}
+				b, err := New(WithLogger(discard), WithQueueSize(100), WithPublishTimeout(0), WithDeadLetterStore(store))
+				require.NoError(t, err)
+				release := make(chan struct{})
+				_, err = b.Subscribe("t", "stuck", func(ctx context.Context, m Message) error {
+					select {
+					case <-release:
+					case <-ctx.Done():
+					}
+					return nil
+				}, LaneSize(2), WhenLaneFull(DeadLetterNewest))
+				require.NoError(t, err)
+				publishN(t, b, "t", "m", 1) // m-0 runs
+				idle()
+				for i := 1; i < 6; i++ { // m-1 and m-2 wait, m-3..m-5 are shed
+					require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprint("m-", i), Topic: "t"}))
+				}
+				idle()
+				require.Equal(t, 1, store.started())
+				go func() {
+					time.Sleep(time.Minute)
+					close(store.gate)
+					close(release)
+				}()
+				ctx := context.Background()
+				if !graceful {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithCancel(ctx)
+					cancel()
+				}
+				err = b.Close(ctx)
+				reasons := map[string]string{}
+				for _, dl := range deadLetters(t, b) {
+					reasons[dl.Message.ID] = dl.Reason
+				}
+				if graceful {
+					require.NoError(t, err)
+					assert.Equal(t, map[string]string{"m-3": ReasonOverflow, "m-4": ReasonOverflow, "m-5": ReasonOverflow}, reasons)
+				} else {
+					var de *DrainError
+					require.ErrorAs(t, err, &de)
+					assert.Equal(t, ReasonOverflow, reasons["m-3"])
+					assert.Equal(t, ReasonOverflow, reasons["m-4"])
+					assert.Equal(t, ReasonOverflow, reasons["m-5"])
+					assert.Equal(t, ReasonShutdown, reasons["m-1"])
+					assert.Equal(t, ReasonShutdown, reasons["m-2"])
+					assert.Equal(t, 2, de.DeadLettered, "m-1 and m-2 (m-0's handler returned nil when cancelled): the shed ones are not the stop's")
+				}
+				requireConserved(t, b.Stats())
+				ss := b.Stats().Topics["t"].Subscribers["stuck"]
+				assert.Equal(t, uint64(6), ss.DeadLettered+ss.Delivered)
+			})
+		})
+	}
+}
+
+// goexitOnceStore ends the goroutine of its first Put with runtime.Goexit
+// (what t.FailNow in a fake store does), before storing.
+type goexitOnceStore struct {
+	*MemoryDeadLetterStore
+	once sync.Once
+}
+
+func (s *goexitOnceStore) Put(ctx context.Context, dl DeadLetter) error {
+	exit := false
+	s.once.Do(func() { exit = true })
+	if exit {
+		runtime.Goexit()
+	}
+	return s.MemoryDeadLetterStore.Put(ctx, dl)
+}
+
+// A store that ends the shedder's goroutine loses no shed message: another
+// shedder dead-letters the one it was putting and the rest, in order.
+func TestShedderGoexit(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		store := &goexitOnceStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil)}
+		b := newTestBroker(t, WithQueueSize(100), WithPublishTimeout(0), WithDeadLetterStore(store))
+		release := make(chan struct{})
+		_, err := b.Subscribe("t", "stuck", func(context.Context, Message) error {
+			<-release
+			return nil
+		}, LaneSize(1), WhenLaneFull(DeadLetterNewest))
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 1) // m-0 runs
+		idle()
+		for i := 1; i < 5; i++ { // m-1 waits, m-2..m-4 are shed
+			require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprint("m-", i), Topic: "t"}))
+		}
+		idle()
+		var shed []string
+		for _, dl := range deadLetters(t, b) {
+			shed = append(shed, dl.Message.ID)
+		}
+		assert.Equal(t, []string{"m-2", "m-3", "m-4"}, shed)
+		close(release)
+		settle(t, b)
+		requireConserved(t, b.Stats())
+	})
+}
