@@ -229,3 +229,22 @@ func stopWithin(t *testing.T, d time.Duration, stop func(context.Context) error)
 	require.ErrorAs(t, stop(ctx), &de)
 	return de
 }
+
+// stuckAndOther subscribes to topic "t" of b a subscriber "stuck", whose
+// handler waits until release is closed (a lane of 4 under policy), then a
+// no-op one, "other"; it publishes m-0 and waits until stuck runs it.
+func stuckAndOther(t *testing.T, b *Broker, policy FullLanePolicy) (release chan struct{}, stuck, other *calls) {
+	t.Helper()
+	release = make(chan struct{})
+	stuck, other = new(calls), new(calls)
+	_, err := b.Subscribe("t", "stuck", recording(stuck, func(Message) error {
+		<-release
+		return nil
+	}), LaneSize(4), WhenLaneFull(policy))
+	require.NoError(t, err)
+	_, err = b.Subscribe("t", "other", okHandler(other))
+	require.NoError(t, err)
+	publishN(t, b, "t", "m", 1) // m-0 runs
+	idle()
+	return release, stuck, other
+}

@@ -302,18 +302,7 @@ func TestFullLanePolicies(t *testing.T) {
 		t.Run(tt.policy.String(), func(t *testing.T) {
 			bubble(t, func(t *testing.T) {
 				b := newTestBroker(t, WithQueueSize(100), WithPublishTimeout(0))
-				release := make(chan struct{})
-				var stuck calls
-				_, err := b.Subscribe("t", "stuck", recording(&stuck, func(Message) error {
-					<-release
-					return nil
-				}), LaneSize(4), WhenLaneFull(tt.policy))
-				require.NoError(t, err)
-				var other calls
-				_, err = b.Subscribe("t", "other", okHandler(&other))
-				require.NoError(t, err)
-				publishN(t, b, "t", "m", 1) // m-0 runs
-				idle()
+				release, stuck, other := stuckAndOther(t, b, tt.policy)
 				for i := 1; i < 10; i++ { // m-1..m-4 fill the lane
 					require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprint("m-", i), Topic: "t"}))
 				}

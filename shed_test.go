@@ -49,18 +49,7 @@ func TestShedWhileTheStoreIsSlow(t *testing.T) {
 			bubble(t, func(t *testing.T) {
 				store := &gatedStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil), gate: make(chan struct{})}
 				b := newTestBroker(t, WithQueueSize(100), WithPublishTimeout(0), WithDeadLetterStore(store))
-				release := make(chan struct{})
-				var stuck calls
-				_, err := b.Subscribe("t", "stuck", recording(&stuck, func(Message) error {
-					<-release
-					return nil
-				}), LaneSize(4), WhenLaneFull(policy))
-				require.NoError(t, err)
-				var other calls
-				_, err = b.Subscribe("t", "other", okHandler(&other))
-				require.NoError(t, err)
-				publishN(t, b, "t", "m", 1) // m-0 runs
-				idle()
+				release, _, other := stuckAndOther(t, b, policy)
 				// m-1..m-4 fill the lane; 4 more are shed and wait for the
 				// store, one of them in its Put.
 				for i := 1; i < 9; i++ {
