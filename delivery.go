@@ -202,13 +202,13 @@ func (p *pipeline) cutOff(ctx context.Context, it *laneItem) {
 }
 
 // overflow dead-letters it, shed from a full lane.
-func (p *pipeline) overflow(it *laneItem) {
+func (p *pipeline) overflow(it *laneItem, counted func()) {
 	msg := &it.env.msg
 	if it.last != nil {
-		p.rec.deadLetter(msg, timing{}, ReasonOverflow, it.last.fault, false)
+		p.rec.deadLetterThen(msg, timing{}, ReasonOverflow, it.last.fault, false, counted)
 		return
 	}
-	p.rec.deadLetter(msg, timing{}, ReasonOverflow, p.overflowFault, false)
+	p.rec.deadLetterThen(msg, timing{}, ReasonOverflow, p.overflowFault, false, counted)
 }
 
 // dedupRef names one message at this subscriber for the idempotency store:

@@ -26,7 +26,7 @@ import (
 // message. Queued, held and parked messages count against the lane's
 // capacity; what happens to a message that does not fit is the
 // subscriber's FullLanePolicy. A message a dead-letter policy sheds waits
-// in the lane's overflowed ring for a worker of the subscriber to
+// in the lane's overflowed ring for the subscription's shedder goroutine to
 // dead-letter it, so that the topic's dispatcher, which shed it, goes on
 // at once instead of waiting on the dead-letter store.
 
@@ -68,7 +68,8 @@ func (p FullLanePolicy) String() string {
 // the dead-letter policies keep the topic flowing and shed at this
 // subscriber only, each shed message a dead letter that can be redriven.
 // The subscriber's own goroutine stores the shed messages' dead letters,
-// in the order shed; they count as in flight until stored. Should as many
+// in the order shed (a stop at once dead-letters those the shedder has not
+// taken meanwhile); they count as in flight until stored. Should as many
 // as the lane's capacity wait for the dead-letter store (besides the up
 // to 64 it is storing), the topic's dispatcher waits for room, as under
 // Block.
@@ -644,7 +645,7 @@ func (l *lane) claim() {
 // parked) out of the lane for the caller to dead-letter. inFlight is called
 // with their number, under the lane's lock, so that they count as in
 // flight before they stop counting as queued. It also returns the shed
-// messages no worker dead-lettered yet (they count as in flight already),
+// messages the shedder has not taken (they count as in flight already),
 // for the caller to dead-letter as overflowed.
 func (l *lane) stop(inFlight func(int)) (waiting, overflowed []laneItem) {
 	l.mu.Lock()

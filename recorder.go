@@ -120,6 +120,12 @@ func (r *recorder) retrying(msg *Message, t timing, delay time.Duration, f fault
 // and has no event yet. It returns the store's error when the store refused
 // the dead letter until the stop's deadline.
 func (r *recorder) deadLetter(msg *Message, t timing, reason string, f fault, attempted bool) error {
+	return r.deadLetterThen(msg, t, reason, f, attempted, nil)
+}
+
+// deadLetterThen is deadLetter, calling counted (if not nil) as soon as the
+// dead letter is stored and counted, before any event or log line.
+func (r *recorder) deadLetterThen(msg *Message, t timing, reason string, f fault, attempted bool, counted func()) error {
 	code, retryable := f.code, f.retryable
 	dl := DeadLetter{
 		ID:         r.newID(),
@@ -137,6 +143,9 @@ func (r *recorder) deadLetter(msg *Message, t timing, reason string, f fault, at
 		r.c.dlErrors.Add(1)
 	}
 	r.c.deadLettered.Add(1)
+	if counted != nil {
+		counted()
+	}
 	r.onDeadLetter(reason)
 	if attempted {
 		r.attempted(msg, t, code, retryable, OutcomeDeadLettered, 0, f.err)

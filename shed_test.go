@@ -204,3 +204,126 @@ func TestShedderGoexit(t *testing.T) {
 		requireConserved(t, b.Stats())
 	})
 }
+
+// goexitOnceObserver ends the goroutine of the first overflow DeadLettered
+// event with runtime.Goexit: the dead letter is stored and counted already.
+type goexitOnceObserver struct {
+	NopObserver
+	once sync.Once
+}
+
+func (o *goexitOnceObserver) DeadLettered(ev DeadLetterEvent) {
+	if ev.DeadLetter.Reason != ReasonOverflow {
+		return
+	}
+	exit := false
+	o.once.Do(func() { exit = true })
+	if exit {
+		runtime.Goexit()
+	}
+}
+
+// An Observer that ends the shedder's goroutine after the Put must not make
+// the next shedder dead-letter the same message again.
+func TestShedderObserverGoexit(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithQueueSize(100), WithPublishTimeout(0), WithObserver(&goexitOnceObserver{}))
+		release := make(chan struct{})
+		_, err := b.Subscribe("t", "stuck", func(context.Context, Message) error {
+			<-release
+			return nil
+		}, LaneSize(1), WhenLaneFull(DeadLetterNewest))
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 1) // m-0 runs
+		idle()
+		for i := 1; i < 5; i++ { // m-1 waits, m-2..m-4 are shed
+			require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprint("m-", i), Topic: "t"}))
+		}
+		idle()
+		var shed []string
+		for _, dl := range deadLetters(t, b) {
+			shed = append(shed, dl.Message.ID)
+		}
+		assert.Equal(t, []string{"m-2", "m-3", "m-4"}, shed, "each shed message dead-lettered once")
+		close(release)
+		settle(t, b)
+		requireConserved(t, b.Stats())
+	})
+}
+
+// firstGatedStore holds only its first Put until gate is closed.
+type firstGatedStore struct {
+	*MemoryDeadLetterStore
+	gate chan struct{}
+	once sync.Once
+}
+
+func (s *firstGatedStore) Put(ctx context.Context, dl DeadLetter) error {
+	first := false
+	s.once.Do(func() { first = true })
+	if first {
+		<-s.gate
+	}
+	return s.MemoryDeadLetterStore.Put(ctx, dl)
+}
+
+// An Unsubscribe whose deadline passed while the dispatcher waits for room
+// among the shed messages (the store holds its first Put): the message the
+// dispatcher was routing is the stop's (reason unsubscribed, in the
+// DrainError), the shed ones stay overflow dead letters, none is
+// dead-lettered twice, and the neighbour gets everything.
+func TestUnsubscribeWhileTheDispatcherWaitsForShedRoom(t *testing.T) {
+	for _, policy := range []FullLanePolicy{DeadLetterNewest, DeadLetterOldest} {
+		t.Run(policy.String(), func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				store := &firstGatedStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil), gate: make(chan struct{})}
+				b := newTestBroker(t, WithQueueSize(100), WithPublishTimeout(0), WithDeadLetterStore(store))
+				s, err := b.Subscribe("t", "stuck", func(ctx context.Context, m Message) error {
+					<-ctx.Done()
+					return nil
+				}, LaneSize(1), WhenLaneFull(policy))
+				require.NoError(t, err)
+				var other calls
+				_, err = b.Subscribe("t", "other", okHandler(&other))
+				require.NoError(t, err)
+				publishN(t, b, "t", "m", 1)
+				idle()
+				for i := 1; i < 6; i++ {
+					require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprint("m-", i), Topic: "t"}))
+				}
+				idle()
+				require.Equal(t, "stuck", b.Stats().Topics["t"].BlockedOn)
+				requireConserved(t, b.Stats())
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				err = s.Unsubscribe(ctx)
+				var de *DrainError
+				require.ErrorAs(t, err, &de)
+				idle()
+				requireConserved(t, b.Stats())
+				close(store.gate)
+				idle()
+				settle(t, b)
+				requireConserved(t, b.Stats())
+				got := map[string]string{}
+				for _, dl := range deadLetters(t, b) {
+					if _, dup := got[dl.Message.ID]; dup {
+						t.Errorf("%s dead-lettered twice", dl.Message.ID)
+					}
+					got[dl.Message.ID] = dl.Reason
+				}
+				unsubscribed := 0
+				for _, reason := range got {
+					if reason == ReasonUnsubscribed {
+						unsubscribed++
+					}
+				}
+				assert.Equal(t, de.DeadLettered, unsubscribed, "the DrainError counts the stop's dead letters, not the shed ones: %v", got)
+				assert.Len(t, got, 5, "m-0 was delivered (its handler returned nil when cancelled); m-1..m-5 dead-lettered once each")
+				assert.Len(t, other.ids(), 6)
+				ss := b.Stats().Topics["t"].Subscribers["stuck"]
+				assert.Equal(t, uint64(6), ss.Routed)
+			})
+		})
+	}
+}

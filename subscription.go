@@ -217,8 +217,7 @@ func (s *Subscription) route(it laneItem, noShed bool, cancel <-chan struct{}, d
 // overflowed dead-letters it, which the lane shed (reason "overflow"): it
 // counted as in flight since.
 func (s *Subscription) overflowed(it *laneItem) {
-	s.pipe.overflow(it)
-	s.c.inFlight.Add(-1)
+	s.pipe.overflow(it, func() { s.c.inFlight.Add(-1) })
 }
 
 // startShedder starts the goroutine that dead-letters what the lane sheds
@@ -228,7 +227,10 @@ func (s *Subscription) overflowed(it *laneItem) {
 // under its lock while it is open (or from a shedder ended by
 // runtime.Goexit), so the broker's WaitGroup is above zero. The shedder
 // runs while there is something to dead-letter, then returns; a closed
-// lane's workers wait for it.
+// lane's workers wait for it. After a stop at once (Close's or
+// Unsubscribe's context ended) it may still be storing the at most
+// laneBatch it took when Unsubscribe returns (counted in flight until
+// then); Close waits for it.
 func (s *Subscription) startShedder() {
 	s.b.wg.Add(1)
 	go s.shed()
@@ -238,9 +240,13 @@ func (s *Subscription) shed() {
 	defer s.b.wg.Done()
 	buf := make([]laneItem, 0, laneBatch)
 	var i int
-	finished := false
+	finished, stored := false, false
+	counted := func() { stored = true; s.c.inFlight.Add(-1) }
 	defer func() {
 		if !finished { // runtime.Goexit in a store or an Observer
+			if stored {
+				i++ // stored and counted: only its event was cut short
+			}
 			s.lane.unshed(buf[i:])
 		}
 	}()
@@ -251,7 +257,8 @@ func (s *Subscription) shed() {
 			return
 		}
 		for i = range buf {
-			s.overflowed(&buf[i])
+			stored = false
+			s.pipe.overflow(&buf[i], counted)
 		}
 		clear(buf)
 	}
