@@ -64,3 +64,21 @@ func TestQueued(t *testing.T) {
 		}
 	}
 }
+
+// TestJetStreamSyncCells runs the extra jetstream-sync column (raw
+// JetStream publishing as natsjs's Publish does) on W1–W3: every
+// subscriber gets every message, once and in order.
+func TestJetStreamSyncCells(t *testing.T) {
+	impl, ok := ImplByName("jetstream-sync")
+	if !ok {
+		t.Fatal("jetstream-sync is not registered")
+	}
+	for _, w := range Workloads[:3] {
+		t.Run(w.Name, func(t *testing.T) {
+			r := checkCell(t, impl, w, 200)
+			if r.Duplicates != 0 || r.OutOfOrder != 0 {
+				t.Errorf("%d duplicates, %d out of order", r.Duplicates, r.OutOfOrder)
+			}
+		})
+	}
+}

@@ -41,6 +41,7 @@ import (
 type natsInst struct {
 	env     *Env
 	js      bool
+	sync    bool // jetstream-sync: Publish waits for each ack, with a Nats-Msg-Id
 	ns      *server.Server
 	dir     string
 	pc, sc  *nats.Conn
@@ -81,6 +82,25 @@ func init() {
 			}
 			return ""
 		},
+	})
+	// jetstream-sync is raw JetStream with natsjs's Publish semantics: each
+	// publish waits for the server's ack (the message is stored), and
+	// carries a Nats-Msg-Id for the server's publish-side dedup window.
+	// The consumer side is the jetstream column's.
+	register(Impl{
+		Name: "jetstream-sync",
+		New: func(env *Env) (Instance, error) {
+			inst, err := newNATS(env, true)
+			if err != nil {
+				return nil, err
+			}
+			inst.(*natsInst).sync = true
+			return inst, nil
+		},
+		Note: func(Workload) string {
+			return "jetstream-sync: Publish waits for each ack, with a Nats-Msg-Id (natsjs's Publish semantics)"
+		},
+		Extra: true,
 	})
 }
 
@@ -236,6 +256,10 @@ func (n *natsInst) Publish(ctx context.Context, pub, topic, seq int) error {
 	subject := n.env.TopicNames[topic]
 	if !n.js {
 		return n.pc.Publish(subject, data)
+	}
+	if n.sync {
+		_, err := n.jsPub.Publish(ctx, subject, data, jetstream.WithMsgID(n.env.IDs[seq]))
+		return err
 	}
 	for {
 		_, err := n.jsPub.PublishAsync(subject, data)
