@@ -70,7 +70,8 @@ func (t *Transport) PublishBatch(ctx context.Context, msgs []broker.Message, wai
 			}
 		}
 		m := ts.newMsg(msg)
-		f, err := t.js.PublishMsgAsync(m, t.publishOpts(ts, msg.ID)...)
+		t.stamp(ts, m, msg.ID)
+		f, err := t.js.PublishMsgAsync(m)
 		if err != nil { // stalled, or no connection: alone, as Publish does (its own wait)
 			errs[i] = t.publishWithin(ctx, ts, m, msg.ID, wait)
 			continue

@@ -311,15 +311,18 @@ func (ts *topicState) newMsg(msg *broker.Message) *nats.Msg {
 	return &nats.Msg{Subject: subject, Header: encodeHeader(msg), Data: msg.Payload}
 }
 
-// publishOpts are the options of publishing a message with ID id to ts:
-// the expected stream, and the ID for the server's dedup window when it is
-// on.
-func (t *Transport) publishOpts(ts *topicState, id string) []jetstream.PublishOpt {
-	opts := []jetstream.PublishOpt{jetstream.WithExpectStream(ts.stream)}
-	if t.cfg.dedupWindow > 0 {
-		opts = append(opts, jetstream.WithMsgID(headerValue(id)))
+// stamp sets the headers JetStream reads from a message with ID id
+// published to ts: the expected stream, and the ID for the server's dedup
+// window when it is on. (Headers rather than jetstream.PublishOpts, which
+// set the same ones: four allocations fewer per message.)
+func (t *Transport) stamp(ts *topicState, m *nats.Msg, id string) {
+	if m.Header == nil {
+		m.Header = make(nats.Header, 2)
 	}
-	return opts
+	m.Header[jetstream.ExpectedStreamHeader] = []string{ts.stream}
+	if t.cfg.dedupWindow > 0 {
+		m.Header[jetstream.MsgIDHeader] = []string{headerValue(id)}
+	}
 }
 
 // Redrive publishes a copy of dl.Message to the redrive subject of
@@ -365,7 +368,7 @@ const (
 // publish stores m, with id as its Nats-Msg-Id when publish-side dedup is
 // on, waiting for room in a full stream while ctx has time.
 func (t *Transport) publish(ctx context.Context, ts *topicState, m *nats.Msg, id string) error {
-	opts := t.publishOpts(ts, id)
+	t.stamp(ts, m, id)
 	wait := fullRetryFirst
 	var timer *time.Timer
 	defer func() {
@@ -375,7 +378,7 @@ func (t *Transport) publish(ctx context.Context, ts *topicState, m *nats.Msg, id
 	}()
 	var full error // the last full-stream refusal
 	for {
-		_, err := t.js.PublishMsg(ctx, m, opts...)
+		_, err := t.js.PublishMsg(ctx, m)
 		if err == nil {
 			return nil
 		}
