@@ -396,34 +396,51 @@ func (s *Subscription) terminate(d Delivery, m *Message, took timing, reason str
 // goroutine is what keeps the transport's own goroutine (which called
 // Deliver) safe from a handler that calls runtime.Goexit: such an attempt
 // fails as a panic would, and the delivery is settled as usual.
-func (s *Subscription) attemptKeptAlive(d Delivery, m *Message) (err error, f failure, took timing) {
-	done := make(chan struct{})
-	go func() { // ends when the handler returns (or calls Goexit)
-		returned := false
-		defer func() {
-			if !returned {
-				pe := newPanicError(errGoexit)
-				err, f = pe, failure{code: CodePanic, text: pe.Error()}
-			}
-			close(done)
-		}()
-		err, f, took = s.pipe.attempt(s.ctx, m)
-		returned = true
-	}()
-	var tick <-chan time.Time
-	if every := d.KeepAliveEvery(); every > 0 {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		tick = t.C
+func (s *Subscription) attemptKeptAlive(d Delivery, m *Message) (error, failure, timing) {
+	r := &attemptRun{done: make(chan struct{})}
+	go s.runAttempt(r, m)
+	every := d.KeepAliveEvery()
+	if every <= 0 {
+		<-r.done
+		return r.err, r.f, r.took
 	}
+	t := time.NewTimer(every)
+	defer t.Stop()
 	for {
 		select {
-		case <-done:
-			return err, f, took
-		case <-tick:
+		case <-r.done:
+			return r.err, r.f, r.took
+		case <-t.C:
 			s.tell("KeepAlive", d.KeepAlive())
+			t.Reset(every)
 		}
 	}
+}
+
+// attemptRun is one attempt on a goroutine of its own: its outcome, set
+// before done is closed. (One allocation for the three results, which a
+// closure captured one by one before; with a timer instead of a ticker,
+// two allocations fewer per delivery: 48 -> 46, BenchmarkPhases deliver.)
+type attemptRun struct {
+	err  error
+	f    failure
+	took timing
+	done chan struct{}
+}
+
+// runAttempt runs r's attempt of m and closes r.done, also when the
+// handler calls runtime.Goexit (the attempt then fails as a panic).
+func (s *Subscription) runAttempt(r *attemptRun, m *Message) {
+	returned := false
+	defer func() {
+		if !returned {
+			pe := newPanicError(errGoexit)
+			r.err, r.f = pe, failure{code: CodePanic, text: pe.Error()}
+		}
+		close(r.done)
+	}()
+	r.err, r.f, r.took = s.pipe.attempt(s.ctx, m)
+	returned = true
 }
 
 // tell logs a transport's refusal of an acknowledgement: the transport
