@@ -176,33 +176,48 @@ func (s *goexitOnceStore) Put(ctx context.Context, dl DeadLetter) error {
 	return s.MemoryDeadLetterStore.Put(ctx, dl)
 }
 
-// A store that ends the shedder's goroutine loses no shed message: another
-// shedder dead-letters the one it was putting and the rest, in order.
+// runtime.Goexit in plugged-in code that the shedder calls loses no shed
+// message and dead-letters none twice: a store ending the goroutine in its
+// first Put (nothing stored: another shedder puts that one and the rest,
+// in order), or an Observer ending it after the first dead letter was
+// stored and counted (the next shedder goes on from the one after).
 func TestShedderGoexit(t *testing.T) {
-	bubble(t, func(t *testing.T) {
-		store := &goexitOnceStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil)}
-		b := newTestBroker(t, WithQueueSize(100), WithPublishTimeout(0), WithDeadLetterStore(store))
-		release := make(chan struct{})
-		_, err := b.Subscribe("t", "stuck", func(context.Context, Message) error {
-			<-release
-			return nil
-		}, LaneSize(1), WhenLaneFull(DeadLetterNewest))
-		require.NoError(t, err)
-		publishN(t, b, "t", "m", 1) // m-0 runs
-		idle()
-		for i := 1; i < 5; i++ { // m-1 waits, m-2..m-4 are shed
-			require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprint("m-", i), Topic: "t"}))
-		}
-		idle()
-		var shed []string
-		for _, dl := range deadLetters(t, b) {
-			shed = append(shed, dl.Message.ID)
-		}
-		assert.Equal(t, []string{"m-2", "m-3", "m-4"}, shed)
-		close(release)
-		settle(t, b)
-		requireConserved(t, b.Stats())
-	})
+	tests := []struct {
+		name string
+		opts func() []Option
+	}{
+		{"store", func() []Option {
+			return []Option{WithDeadLetterStore(&goexitOnceStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil)})}
+		}},
+		{"observer", func() []Option { return []Option{WithObserver(&goexitOnceObserver{})} }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				b := newTestBroker(t, append([]Option{WithQueueSize(100), WithPublishTimeout(0)}, tt.opts()...)...)
+				release := make(chan struct{})
+				_, err := b.Subscribe("t", "stuck", func(context.Context, Message) error {
+					<-release
+					return nil
+				}, LaneSize(1), WhenLaneFull(DeadLetterNewest))
+				require.NoError(t, err)
+				publishN(t, b, "t", "m", 1) // m-0 runs
+				idle()
+				for i := 1; i < 5; i++ { // m-1 waits, m-2..m-4 are shed
+					require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprint("m-", i), Topic: "t"}))
+				}
+				idle()
+				var shed []string
+				for _, dl := range deadLetters(t, b) {
+					shed = append(shed, dl.Message.ID)
+				}
+				assert.Equal(t, []string{"m-2", "m-3", "m-4"}, shed, "each shed message dead-lettered once, in order")
+				close(release)
+				settle(t, b)
+				requireConserved(t, b.Stats())
+			})
+		})
+	}
 }
 
 // goexitOnceObserver ends the goroutine of the first overflow DeadLettered
@@ -221,34 +236,6 @@ func (o *goexitOnceObserver) DeadLettered(ev DeadLetterEvent) {
 	if exit {
 		runtime.Goexit()
 	}
-}
-
-// An Observer that ends the shedder's goroutine after the Put must not make
-// the next shedder dead-letter the same message again.
-func TestShedderObserverGoexit(t *testing.T) {
-	bubble(t, func(t *testing.T) {
-		b := newTestBroker(t, WithQueueSize(100), WithPublishTimeout(0), WithObserver(&goexitOnceObserver{}))
-		release := make(chan struct{})
-		_, err := b.Subscribe("t", "stuck", func(context.Context, Message) error {
-			<-release
-			return nil
-		}, LaneSize(1), WhenLaneFull(DeadLetterNewest))
-		require.NoError(t, err)
-		publishN(t, b, "t", "m", 1) // m-0 runs
-		idle()
-		for i := 1; i < 5; i++ { // m-1 waits, m-2..m-4 are shed
-			require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprint("m-", i), Topic: "t"}))
-		}
-		idle()
-		var shed []string
-		for _, dl := range deadLetters(t, b) {
-			shed = append(shed, dl.Message.ID)
-		}
-		assert.Equal(t, []string{"m-2", "m-3", "m-4"}, shed, "each shed message dead-lettered once")
-		close(release)
-		settle(t, b)
-		requireConserved(t, b.Stats())
-	})
 }
 
 // firstGatedStore holds only its first Put until gate is closed.
