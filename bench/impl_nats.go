@@ -57,7 +57,7 @@ type natsInst struct {
 func init() {
 	register(Impl{
 		Name: "nats",
-		New:  func(env *Env) (Instance, error) { return newNATS(env, false) },
+		New:  func(env *Env) (Instance, error) { return newNATS(env, false, false) },
 		Note: func(w Workload) string {
 			switch {
 			case w.Concurrency > 1:
@@ -72,7 +72,7 @@ func init() {
 	})
 	register(Impl{
 		Name: "jetstream",
-		New:  func(env *Env) (Instance, error) { return newNATS(env, true) },
+		New:  func(env *Env) (Instance, error) { return newNATS(env, true, false) },
 		Note: func(w Workload) string {
 			switch {
 			case w.Concurrency > 1:
@@ -89,14 +89,7 @@ func init() {
 	// The consumer side is the jetstream column's.
 	register(Impl{
 		Name: "jetstream-sync",
-		New: func(env *Env) (Instance, error) {
-			inst, err := newNATS(env, true)
-			if err != nil {
-				return nil, err
-			}
-			inst.(*natsInst).sync = true
-			return inst, nil
-		},
+		New:  func(env *Env) (Instance, error) { return newNATS(env, true, true) },
 		Note: func(Workload) string {
 			return "jetstream-sync: Publish waits for each ack, with a Nats-Msg-Id (natsjs's Publish semantics)"
 		},
@@ -104,11 +97,14 @@ func init() {
 	})
 }
 
-func newNATS(env *Env, js bool) (_ Instance, err error) {
+// newNATS starts an embedded server and sets the workload up on it: core
+// NATS, or JetStream (js), publishing asynchronously or, with sync, as
+// natsjs's Publish does.
+func newNATS(env *Env, js, sync bool) (_ Instance, err error) {
 	if env.FailingSubs > 0 {
 		return nil, errNotMeasured("no in-process retry policy to compare (JetStream's NakWithDelay is the natsjs transport's business)")
 	}
-	n := &natsInst{env: env, js: js}
+	n := &natsInst{env: env, js: js, sync: sync}
 	defer func() {
 		if err != nil {
 			_ = n.Close(context.Background())
