@@ -20,8 +20,8 @@ import (
 // this plain one: BenchmarkHistogram). The broker calls two observations
 // per delivered message on the worker's path: W1 with the collector
 // attached is 8.5% faster with these (p=0.002, 10 alternating rounds of
-// BenchmarkW1), which brings it within the 1.5× of W1 without it that the
-// collector must stay in (README.md). What a scrape of one of these may
+// BenchmarkW1), which brings it to about the 1.5× of W1 without it that
+// the collector must stay within (README.md). What a scrape of one of these may
 // show is a sum one observation behind its count, never a count that
 // disagrees with its buckets.
 
