@@ -96,19 +96,20 @@ func TestShedWhileTheStoreIsSlow(t *testing.T) {
 	}
 }
 
-// Shed messages are never lost to a stop: a Close that waits dead-letters
-// each before it returns; one whose context ended dead-letters what the
+// Shed messages are never lost to a stop: a Close or an Unsubscribe that
+// waits dead-letters each before it returns, though the store takes longer
+// than the handlers; a Close whose context ended dead-letters what the
 // shedder had not reached, still with reason "overflow" (they were shed,
 // not cut off), and does not count them in its DrainError.
 func TestShedMessagesAtClose(t *testing.T) {
-	for _, graceful := range []bool{true, false} {
-		t.Run(fmt.Sprint("graceful=", graceful), func(t *testing.T) {
+	for _, stop := range []string{"close", "close at once", "unsubscribe"} {
+		t.Run(stop, func(t *testing.T) {
 			bubble(t, func(t *testing.T) {
 				store := &gatedStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil), gate: make(chan struct{})}
 				b, err := New(WithLogger(discard), WithQueueSize(100), WithPublishTimeout(0), WithDeadLetterStore(store))
 				require.NoError(t, err)
 				release := make(chan struct{})
-				_, err = b.Subscribe("t", "stuck", func(ctx context.Context, m Message) error {
+				sub, err := b.Subscribe("t", "stuck", func(ctx context.Context, m Message) error {
 					select {
 					case <-release:
 					case <-ctx.Done():
@@ -123,26 +124,28 @@ func TestShedMessagesAtClose(t *testing.T) {
 				}
 				idle()
 				require.Equal(t, 1, store.started())
-				go func() {
+				go func() { // the handlers finish a minute before the store answers
+					time.Sleep(time.Minute)
+					close(release)
 					time.Sleep(time.Minute)
 					close(store.gate)
-					close(release)
 				}()
 				ctx := context.Background()
-				if !graceful {
+				if stop == "close at once" {
 					var cancel context.CancelFunc
 					ctx, cancel = context.WithCancel(ctx)
 					cancel()
 				}
-				err = b.Close(ctx)
+				if stop == "unsubscribe" {
+					err = sub.Unsubscribe(ctx)
+				} else {
+					err = b.Close(ctx)
+				}
 				reasons := map[string]string{}
 				for _, dl := range deadLetters(t, b) {
 					reasons[dl.Message.ID] = dl.Reason
 				}
-				if graceful {
-					require.NoError(t, err)
-					assert.Equal(t, map[string]string{"m-3": ReasonOverflow, "m-4": ReasonOverflow, "m-5": ReasonOverflow}, reasons)
-				} else {
+				if stop == "close at once" {
 					var de *DrainError
 					require.ErrorAs(t, err, &de)
 					assert.Equal(t, ReasonOverflow, reasons["m-3"])
@@ -151,10 +154,18 @@ func TestShedMessagesAtClose(t *testing.T) {
 					assert.Equal(t, ReasonShutdown, reasons["m-1"])
 					assert.Equal(t, ReasonShutdown, reasons["m-2"])
 					assert.Equal(t, 2, de.DeadLettered, "m-1 and m-2 (m-0's handler returned nil when cancelled): the shed ones are not the stop's")
+				} else {
+					require.NoError(t, err)
+					assert.Equal(t, map[string]string{"m-3": ReasonOverflow, "m-4": ReasonOverflow, "m-5": ReasonOverflow}, reasons,
+						"every shed message is stored when the stop returns")
 				}
 				requireConserved(t, b.Stats())
 				ss := b.Stats().Topics["t"].Subscribers["stuck"]
 				assert.Equal(t, uint64(6), ss.DeadLettered+ss.Delivered)
+				assert.Zero(t, ss.InFlight)
+				if stop == "unsubscribe" {
+					require.NoError(t, b.Close(context.Background()))
+				}
 			})
 		})
 	}
