@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -234,4 +235,45 @@ func TestObserveStats(t *testing.T) {
 	require.NoError(t, reg.Unregister())
 	ms = e.collect(t)
 	assert.NotContains(t, ms, brokerotel.MetricTopicQueueSize, "nothing reported after Unregister")
+}
+
+// lenStore is a dead-letter store whose Len fails: with an error, a
+// panic, runtime.Goexit or a negative count, as fails says.
+type lenStore struct {
+	*broker.MemoryDeadLetterStore
+	fails string
+}
+
+func (s lenStore) Len(context.Context) (int, error) {
+	switch s.fails {
+	case "panic":
+		panic("Len bug")
+	case "goexit":
+		runtime.Goexit()
+	case "negative":
+		return -3, nil
+	}
+	return 0, errors.New("store unavailable")
+}
+
+// A dead-letter store whose Len fails, panics, calls runtime.Goexit or
+// answers a negative count loses only the store-size measurement: the
+// collection succeeds (the next one too) with the other Stats metrics.
+func TestObserveStatsStoreLenFailure(t *testing.T) {
+	for _, fails := range []string{"error", "panic", "goexit", "negative"} {
+		t.Run(fails, func(t *testing.T) {
+			e := newEnv(t, brokerotel.Options{})
+			b := e.broker(t, broker.WithDeadLetterStore(lenStore{broker.NewMemoryDeadLetterStore(0, nil), fails}))
+			require.NoError(t, b.Publish(context.Background(), broker.Message{ID: "m-1", Topic: "orders"}))
+			reg, err := e.tel.ObserveStats(b)
+			require.NoError(t, err)
+			defer func() { require.NoError(t, reg.Unregister()) }()
+			for range 2 {
+				ms := e.collect(t)
+				assert.NotContains(t, ms, brokerotel.MetricDeadLetterStoreSize, "store size reported though Len failed")
+				_, ok := lookup(t, ms, brokerotel.MetricTopicQueueSize, system, dest("orders"))
+				assert.True(t, ok, "the other Stats metrics are still reported")
+			}
+		})
+	}
 }

@@ -110,14 +110,20 @@ func observeStats(ctx context.Context, o metric.Observer, s *statsInstruments, b
 	}
 }
 
-// deadLetterLen asks the store its size; a store is plugged-in code, so a
-// panic or an error only loses the measurement.
+// deadLetterLen asks the store its size; a store is plugged-in code, so an
+// error, a panic, a negative count or runtime.Goexit only loses the
+// measurement. Len runs on a goroutine of its own, which deadLetterLen
+// waits for: a Goexit there would otherwise end the SDK's collecting
+// goroutine.
 func deadLetterLen(ctx context.Context, s broker.DeadLetterStore) (n int, ok bool) {
-	defer func() {
-		if recover() != nil {
-			n, ok = 0, false
+	done := make(chan struct{})
+	go func() {
+		defer close(done) // also after a panic or a Goexit
+		defer func() { _ = recover() }()
+		if v, err := s.Len(ctx); err == nil && v >= 0 {
+			n, ok = v, true
 		}
 	}()
-	n, err := s.Len(ctx)
-	return n, err == nil
+	<-done
+	return n, ok
 }

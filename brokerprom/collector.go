@@ -154,21 +154,24 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.e2e.Collect(ch)
 }
 
-// storeLen is s.Len, or -1 when it fails, panics or takes longer than
-// StoreLenTimeout. The store is plugged-in code: a panic that reached the
-// registry would fail the whole scrape, not just this gauge.
-func storeLen(s broker.DeadLetterStore) (n int) {
-	defer func() {
-		if recover() != nil {
-			n = -1
+// storeLen is s.Len, or -1 when it fails, panics, calls runtime.Goexit or
+// takes longer than StoreLenTimeout. The store is plugged-in code: a panic
+// that reached the registry would fail the whole scrape, and a Goexit would
+// end the registry's collecting goroutine before it says it is done, so
+// every later scrape would hang. So Len runs on a goroutine of its own,
+// which storeLen waits for.
+func storeLen(s broker.DeadLetterStore) int {
+	n, done := -1, make(chan struct{})
+	go func() {
+		defer close(done) // also after a panic or a Goexit
+		defer func() { _ = recover() }()
+		ctx, cancel := context.WithTimeout(context.Background(), StoreLenTimeout)
+		defer cancel()
+		if v, err := s.Len(ctx); err == nil && v >= 0 {
+			n = v
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), StoreLenTimeout)
-	defer cancel()
-	n, err := s.Len(ctx)
-	if err != nil || n < 0 {
-		return -1
-	}
+	<-done
 	return n
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -226,25 +227,33 @@ func TestInvalidUTF8Names(t *testing.T) {
 
 // lenStore is a dead-letter store whose Len fails: with an error, or by
 // panicking.
+// lenStore is a dead-letter store whose Len fails: with an error, a
+// panic, runtime.Goexit or a negative count, as fails says.
 type lenStore struct {
 	*broker.MemoryDeadLetterStore
-	panics bool
+	fails string
 }
 
 func (s lenStore) Len(context.Context) (int, error) {
-	if s.panics {
+	switch s.fails {
+	case "panic":
 		panic("Len bug")
+	case "goexit":
+		runtime.Goexit()
+	case "negative":
+		return -3, nil
 	}
 	return 0, errors.New("store unavailable")
 }
 
-// TestStoreLenFailure: a dead-letter store whose Len fails or panics leaves
-// dead_letter_store_size out of the scrape; the scrape still succeeds, with
+// TestStoreLenFailure: a dead-letter store whose Len fails, panics, calls
+// runtime.Goexit or answers a negative count leaves dead_letter_store_size
+// out of the scrape; the scrape still succeeds (and the next one too), with
 // every other metric.
 func TestStoreLenFailure(t *testing.T) {
-	for _, panics := range []bool{false, true} {
-		t.Run(fmt.Sprintf("panics=%v", panics), func(t *testing.T) {
-			store := lenStore{broker.NewMemoryDeadLetterStore(0, discard), panics}
+	for _, fails := range []string{"error", "panic", "goexit", "negative"} {
+		t.Run(fails, func(t *testing.T) {
+			store := lenStore{broker.NewMemoryDeadLetterStore(0, discard), fails}
 			c, b := newWatched(t, nil, broker.WithDeadLetterStore(store))
 			publish(t, b, "nobody", "m-1")
 			mfs := gather(t, c) // fails the test on a gather error
@@ -252,6 +261,8 @@ func TestStoreLenFailure(t *testing.T) {
 			assert.False(t, ok, "dead_letter_store_size reported though Len failed")
 			_, ok = value(mfs, "broker_published_messages_total", map[string]string{"topic": "nobody"})
 			assert.True(t, ok, "the other metrics are still reported")
+			_, ok = value(gather(t, c), "broker_published_messages_total", map[string]string{"topic": "nobody"})
+			assert.True(t, ok, "a second scrape works too")
 		})
 	}
 }
