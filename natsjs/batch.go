@@ -124,14 +124,7 @@ func (t *Transport) refused(ctx context.Context, s *sentMsg, full *fullWait, err
 		if full.until.IsZero() {
 			full.until = time.Now().Add(full.wait)
 		}
-		var cancel context.CancelFunc
-		if time.Now().Before(full.until) {
-			ctx, cancel = context.WithDeadline(ctx, full.until)
-		} else {
-			ctx, cancel = context.WithCancel(ctx) // no deadline: tried once, refused at once if still full
-		}
-		defer cancel()
-		return t.publish(ctx, s.ts, s.m, s.id)
+		return t.publish(ctx, s.ts, s.m, s.id, full.until) // once, if that time has passed
 	}
 	if errors.Is(err, jetstream.ErrNoStreamResponse) {
 		t.forget(s.ts) // deleted? the next Publish creates it again
@@ -140,14 +133,11 @@ func (t *Transport) refused(ctx context.Context, s *sentMsg, full *fullWait, err
 }
 
 // publishWithin publishes m alone, as Publish does, trying a full stream
-// again for up to wait.
+// again for up to wait (once when wait is 0).
 func (t *Transport) publishWithin(ctx context.Context, ts *topicState, m *nats.Msg, id string, wait time.Duration) error {
-	var cancel context.CancelFunc
+	var until time.Time
 	if wait > 0 {
-		ctx, cancel = context.WithTimeout(ctx, wait)
-	} else {
-		ctx, cancel = context.WithCancel(ctx)
+		until = time.Now().Add(wait)
 	}
-	defer cancel()
-	return t.publish(ctx, ts, m, id)
+	return t.publish(ctx, ts, m, id, until)
 }

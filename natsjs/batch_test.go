@@ -146,22 +146,41 @@ func TestPublishBatchAfterCtxEnded(t *testing.T) {
 // "stored or not" because the batch took long), and the batch waits for
 // room about one publish timeout in all, not one per refused message.
 func TestPublishBatchFullWaitsOnce(t *testing.T) {
-	r := newRig(t, embedded(t, ""), true, []natsjs.TransportOption{natsjs.WithQueueSize(5)}, broker.WithPublishTimeout(time.Second))
-	msgs := stuckTopic(t, r, "full", 16)
-	start := time.Now()
-	err := r.b.PublishBatch(t.Context(), msgs)
-	took := time.Since(start)
-	stored, full, others := outcomes(t, err)
-	for _, e := range others {
-		t.Logf("other: %v", e)
-	}
-	st := r.b.Stats().Topics["full"]
-	t.Logf("took %v: %d stored, %d ErrQueueFull, %d other; Published %d Rejected %d", took.Round(time.Millisecond), stored, full, len(others), st.Published, st.Rejected)
-	if stored != 5 || full != 11 || st.Rejected != 11 {
-		t.Errorf("want 5 stored, 11 ErrQueueFull, Rejected 11")
-	}
-	if took < time.Second || took > 5*time.Second {
-		t.Errorf("took %v; want about the publish timeout, 1 s, for the batch", took)
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration // of the caller's context; 0: none
+	}{
+		{"no deadline", 0},
+		// The publish timeout, not the caller's longer deadline, bounds the
+		// wait for room (it used to run to the caller's deadline, most
+		// refusals then reading "context deadline exceeded").
+		{"a longer deadline", 8 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, embedded(t, ""), true, []natsjs.TransportOption{natsjs.WithQueueSize(5)}, broker.WithPublishTimeout(time.Second))
+			msgs := stuckTopic(t, r, "full", 16)
+			ctx := t.Context()
+			if tc.deadline > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tc.deadline)
+				defer cancel()
+			}
+			start := time.Now()
+			err := r.b.PublishBatch(ctx, msgs)
+			took := time.Since(start)
+			stored, full, others := outcomes(t, err)
+			for _, e := range others {
+				t.Logf("other: %v", e)
+			}
+			st := r.b.Stats().Topics["full"]
+			t.Logf("took %v: %d stored, %d ErrQueueFull, %d other; Published %d Rejected %d", took.Round(time.Millisecond), stored, full, len(others), st.Published, st.Rejected)
+			if stored != 5 || full != 11 || st.Rejected != 11 {
+				t.Errorf("want 5 stored, 11 ErrQueueFull, Rejected 11")
+			}
+			if took < time.Second || took > 5*time.Second {
+				t.Errorf("took %v; want about the publish timeout, 1 s, for the batch", took)
+			}
+		})
 	}
 }
 
