@@ -146,13 +146,14 @@ func TestOneIDAtATime(t *testing.T) {
 }
 
 // TestKeylessQueueKeptAlive: a subscriber with Concurrency 1 whose
-// handler takes 150 ms, AckWait 1 s, MaxRetries 0, no KV dedup; 20
-// keyless messages published at once, all pulled at once, the last ones
-// waiting 3 s for their turn: the loop keeps them alive, so each runs once
-// and is delivered (none delivered again by the server, counted beyond the
-// policy and dead-lettered).
+// handler takes 150 ms, AckWait 500 ms, MaxRetries 0, no KV dedup; 20
+// keyless messages published at once, pulled 8 at first (then topped up
+// by about 6 at a time, the queue's limit), so the last of each pull waits
+// about a second for its turn, twice the AckWait: the loop keeps them
+// alive, so each runs once and is delivered (none delivered again by the
+// server, counted beyond the policy and dead-lettered).
 func TestKeylessQueueKeptAlive(t *testing.T) {
-	r := newRig(t, embedded(t, ""), true, []natsjs.TransportOption{natsjs.WithAckWait(time.Second)},
+	r := newRig(t, embedded(t, ""), true, []natsjs.TransportOption{natsjs.WithAckWait(500 * time.Millisecond)},
 		broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 0}))
 	c := &calls{}
 	r.subscribe(t, "slowq", "s", c.handler("", func(context.Context, broker.Message) error {

@@ -1,8 +1,11 @@
 package natsjs
 
 import (
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
 )
 
 // TestPullSize: a partition's loop pulls one message at a time; the
@@ -40,5 +43,17 @@ func TestPullSize(t *testing.T) {
 				t.Errorf("pullSize = %d; want %d", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestPullRequest: the pull request is the JSON the server reads, as fmt
+// would write it.
+func TestPullRequest(t *testing.T) {
+	for _, tc := range []struct {
+		n   int
+		exp time.Duration
+	}{{1, 5 * time.Second}, {64, 30 * time.Second}, {7, time.Millisecond}} {
+		want := fmt.Sprintf(`{"batch":%d,"expires":%d,"idle_heartbeat":%d}`, tc.n, tc.exp, tc.exp/2)
+		assert.Equal(t, want, string(pullRequest([]byte("stale"), tc.n, tc.exp)[len("stale"):]))
 	}
 }

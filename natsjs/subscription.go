@@ -278,9 +278,7 @@ func (l *partitionLoop) run() {
 	retry := stoppedTimer() // the next pull after an error
 	defer retry.Stop()
 	alive := l.keepAlive() // keeps the queued keyless messages alive
-	if alive != nil {
-		defer alive.Stop()
-	}
+	defer alive.Stop()
 	retrying := false
 	backoff := retryFirst
 	later := func() { // pull again after the backoff
@@ -299,7 +297,7 @@ func (l *partitionLoop) run() {
 			cur = l.prefix + "." + strconv.FormatUint(pulls, 10)
 			left = n
 			exp := l.s.t.cfg.pullExpiry
-			req = fmt.Appendf(req[:0], `{"batch":%d,"expires":%d,"idle_heartbeat":%d}`, left, exp, exp/2)
+			req = pullRequest(req[:0], left, exp)
 			if err := l.nc.PublishRequest(l.next, cur, req); err != nil {
 				l.logAttrs(slog.LevelWarn, "natsjs: pull request failed; trying again", err)
 				later()
@@ -360,7 +358,7 @@ func (l *partitionLoop) run() {
 					silence.Stop()
 				}
 				l.handle(m)
-				if outstanding { // the handler's time was not the server's silence
+				if outstanding { // a message in the middle of a pull: the server is alive
 					silence.Reset(2*l.hb + l.hb/2)
 				}
 			case code == "100": // idle heartbeat: the pull waits
@@ -386,6 +384,19 @@ func (l *partitionLoop) run() {
 			}
 		}
 	}
+}
+
+// pullRequest appends to b the JSON of a pull of up to n messages that
+// expires after exp, with idle heartbeats every exp/2 (a partition's loop
+// sends one per message: no fmt, nothing allocated).
+func pullRequest(b []byte, n int, exp time.Duration) []byte {
+	b = append(b, `{"batch":`...)
+	b = strconv.AppendInt(b, int64(n), 10)
+	b = append(b, `,"expires":`...)
+	b = strconv.AppendInt(b, int64(exp), 10)
+	b = append(b, `,"idle_heartbeat":`...)
+	b = strconv.AppendInt(b, int64(exp/2), 10)
+	return append(b, '}')
 }
 
 // stoppedTimer returns a timer that has not started.

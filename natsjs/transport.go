@@ -341,10 +341,10 @@ func (t *Transport) Redrive(ctx context.Context, dl broker.DeadLetter) error {
 	if err != nil {
 		return err
 	}
-	p := Partition(msg.Key, msg.ID, ts.parts)
-	consumer, subject := durableName(dl.Subscriber, p), ts.redriveSubject(dl.Subscriber, p)
-	if msg.Key == "" {
-		consumer, subject = keylessName(dl.Subscriber), ts.keylessRedriveSubject(dl.Subscriber)
+	consumer, subject := keylessName(dl.Subscriber), ts.keylessRedriveSubject(dl.Subscriber)
+	if msg.Key != "" {
+		p := Partition(msg.Key, msg.ID, ts.parts)
+		consumer, subject = durableName(dl.Subscriber, p), ts.redriveSubject(dl.Subscriber, p)
 	}
 	if _, err := t.js.Consumer(ctx, ts.stream, consumer); err != nil {
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -429,12 +429,13 @@ func streamFull(err error) bool {
 	return strings.Contains(d, "maximum messages") || strings.Contains(d, "maximum bytes")
 }
 
-// Partition returns the partition of a message with the given Key and ID
-// in a topic of n partitions: FNV-1a (32 bits) of the Key, or of the ID for
-// a keyless message, modulo n (a keyless message goes to no partition:
-// published or redriven, it has subjects of its own). Its consumer for
-// subscriber s is ConsumerNames(ctx, topic, s)[Partition(key, id, n)].
-// Every process must compute the same, so this never changes.
+// Partition returns the partition of a message with the given Key in a
+// topic of n partitions: FNV-1a (32 bits) of the Key, modulo n. Its
+// consumer for subscriber s is ConsumerNames(ctx, topic, s)[Partition(key,
+// id, n)]. A keyless message goes to no partition (published or redriven,
+// it has subjects of its own, and its consumer is the last of
+// ConsumerNames); for it Partition hashes the ID, which no consumer looks
+// up. Every process must compute the same, so this never changes.
 func Partition(key, id string, n int) int {
 	if n <= 1 {
 		return 0
