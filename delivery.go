@@ -37,15 +37,20 @@ type pipeline struct {
 // newPipeline is the delivery pipeline of subscriber name on topicName,
 // whatever carries its messages: c are its counters, onDeadLetter counts a
 // dead letter by reason, and stop is closed when it must stop at once.
-func (b *Broker) newPipeline(topicName, name string, c *subCounters, h Handler, policy RetryPolicy, sc subConfig,
+func (b *Broker) newPipeline(topicName, name string, c *subCounters, h Handler, obs Observer, policy RetryPolicy, sc subConfig,
 	onDeadLetter func(reason string), stop <-chan struct{}) pipeline {
 	p := pipeline{
 		handler: h, timeout: sc.timeout, policy: policy, dedup: b.dedup, plugins: b.guard,
 		rec: recorder{
 			topic: topicName, subscriber: name, c: c,
-			obs: b.observerFor(topicName, name), log: b.cfg.logger, dlq: b.dlq, newID: b.newDeadLetterID,
+			obs: obs, log: b.cfg.logger, dlq: b.dlq, newID: b.newDeadLetterID,
 			onDeadLetter: onDeadLetter, stop: stop,
 		},
+	}
+	if sc.concurrency > 1 {
+		// Two workers (or two copies a transport hands over at once) may
+		// otherwise run one ID at the same time.
+		p.ids = newIDGuard()
 	}
 	if sc.budget != nil {
 		p.budget = newRetryBudget(*sc.budget)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -312,6 +313,47 @@ func TestSubscriberObserver(t *testing.T) {
 					assert.ElementsMatch(t, sub(name), so.scopes["t/"+name].events, name)
 				}
 				assert.Zero(t, b.Stats().PluginPanics)
+			})
+		})
+	}
+}
+
+// statsAsking is a SubscriberObserver whose ForSubscriber reads the
+// broker's Stats, as an adapter sizing its series might.
+type statsAsking struct {
+	NopObserver
+	b     atomic.Pointer[Broker]
+	asked atomic.Int32
+}
+
+func (o *statsAsking) ForSubscriber(topic, _ string) Observer {
+	if b := o.b.Load(); b != nil {
+		_ = b.Stats().Topics[topic]
+		o.asked.Add(1)
+	}
+	return nil
+}
+
+// ForSubscriber is user code: the broker asks it before taking its locks,
+// so one that calls back into the broker (Stats) does not deadlock
+// Subscribe, over the in-memory transport or another (it did: Subscribe
+// held the broker's and the topic's locks, which Stats takes).
+func TestForSubscriberMayCallTheBroker(t *testing.T) {
+	for _, remote := range []bool{false, true} {
+		t.Run(fmt.Sprint("transport=", remote), func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				o := &statsAsking{}
+				opts := []Option{WithObserver(o)}
+				if remote {
+					opts = append(opts, WithTransport(newFakeTransport()))
+				}
+				b := newTestBroker(t, opts...)
+				o.b.Store(b)
+				for _, name := range []string{"a", "b"} {
+					_, err := b.Subscribe("t", name, func(context.Context, Message) error { return nil })
+					require.NoError(t, err)
+				}
+				assert.Equal(t, int32(2), o.asked.Load())
 			})
 		})
 	}

@@ -45,7 +45,9 @@ type Observer interface {
 // subscriber up on every event. The other events still go to the Observer
 // itself. A nil result (or a panic, which is recovered and counted) means
 // the Observer itself gets them. What ForSubscriber returns is guarded as
-// the Observer is.
+// the Observer is. ForSubscriber is called before the broker takes any
+// lock (it may call the broker, Stats for one), so a Subscribe it was
+// called for may still be refused (a duplicate name, a closed broker).
 type SubscriberObserver interface {
 	Observer
 	ForSubscriber(topic, subscriber string) Observer

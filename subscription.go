@@ -80,8 +80,11 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	if err != nil {
 		return nil, fmt.Errorf("%w (subscribe %q to %q)", err, name, topicName)
 	}
+	// The Observer's ForSubscriber is user code: asked before any lock is
+	// taken (it may call Stats, which takes the topic's lock).
+	obs := b.observerFor(topicName, name)
 	if b.remote != nil {
-		return b.subscribeRemote(topicName, name, sc, policy, h)
+		return b.subscribeRemote(topicName, name, sc, policy, h, obs)
 	}
 
 	b.mu.Lock()
@@ -120,10 +123,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 		s.limiter = newTokenBucket(sc.rate, sc.burst)
 	}
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
-	s.pipe = b.newPipeline(topicName, name, c, h, policy, sc, s.countDeadLetter, s.ctx.Done())
-	if sc.concurrency > 1 {
-		s.pipe.ids = newIDGuard()
-	}
+	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, s.countDeadLetter, s.ctx.Done())
 	if sc.whenFull != Block {
 		s.pipe.overflowFault = brokerFault(CodeOverflow, newOverflowError(topicName, name))
 	}

@@ -218,7 +218,7 @@ func (b *Broker) remoteOutcome(ctx context.Context, msg Message, err error) erro
 }
 
 // subscribeRemote subscribes through the transport.
-func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy RetryPolicy, h Handler) (*Subscription, error) {
+func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy RetryPolicy, h Handler, obs Observer) (*Subscription, error) {
 	switch {
 	case sc.laneSize != b.cfg.queueSize:
 		return nil, fmt.Errorf("%w: LaneSize is the in-memory transport's (subscribe %q to %q)", ErrInvalidOption, name, topicName)
@@ -249,10 +249,7 @@ func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy Re
 		remote: &remoteSub{maxAttempts: policy.maxAttempts()},
 	}
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
-	s.pipe = b.newPipeline(topicName, name, c, h, policy, sc, func(string) {}, s.ctx.Done())
-	if sc.concurrency > 1 {
-		s.pipe.ids = newIDGuard() // the transport may hand over two copies of an ID at once
-	}
+	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, func(string) {}, s.ctx.Done())
 	ts, err := r.t.Subscribe(TransportSubscriber{
 		Topic: topicName, Name: name, Concurrency: sc.concurrency, Ordered: sc.ordered,
 		Deliver: s.deliverRemote,
