@@ -155,3 +155,21 @@ func TestPublishBatchOverATransport(t *testing.T) {
 		assert.ErrorContains(t, e, "answered 1 of 2")
 	}
 }
+
+// A closed broker over a batch transport refuses each message of a batch
+// with ErrClosed and hands the transport nothing.
+func TestPublishBatchClosedOverATransport(t *testing.T) {
+	tr := &batchTransport{fakeTransport: newFakeTransport()}
+	b := newTestBroker(t, WithTransport(tr))
+	require.NoError(t, b.Close(context.Background()))
+	err := b.PublishBatch(context.Background(), []Message{{ID: "a", Topic: "t"}, {ID: "b", Topic: "t"}})
+	var be *BatchError
+	require.ErrorAs(t, err, &be)
+	require.Len(t, be.Errs, 2)
+	for _, e := range be.Errs {
+		assert.ErrorIs(t, e, ErrClosed)
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	assert.Empty(t, tr.batches, "a closed broker sends nothing")
+}
