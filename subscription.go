@@ -202,9 +202,6 @@ func (s *Subscription) route(it laneItem, noShed bool, cancel <-chan struct{}, d
 	if err == queue.ErrFull {
 		err = s.lane.pushWait(it, noShed, s.ctx.Done(), cancel, deadline, before, after)
 	}
-	if err != nil && !it.redriven && s.lane.claimed.Load() {
-		return nil // claimed while the dispatcher waited: its Unsubscribe dead-lettered it
-	}
 	if err != nil && err != queue.ErrTimeout && !s.removed.Load() && stoppedAtOnce(s.ctx) {
 		// Stopped at once while this message was on its way: it is this
 		// subscriber's, so it ends as a dead letter rather than vanishing.
