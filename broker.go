@@ -36,7 +36,7 @@ type Broker struct {
 	abort    context.CancelCauseFunc // cancels it with errShutdown
 	wg       sync.WaitGroup          // dispatchers and workers
 
-	dlq    DeadLetterStore  // cfg.dlq, guarded against panics
+	dlq    guardedDLQ       // cfg.dlq, guarded against panics
 	dedup  IdempotencyStore // cfg.dedup, guarded against panics (unless it is the default kind)
 	obs    Observer         // cfg.obs, guarded against panics; nil: none
 	guard  guard
@@ -333,7 +333,7 @@ func (b *Broker) Stats() Stats {
 	topics := b.liveTopics()
 	st := Stats{Topics: make(map[string]TopicStats, len(topics))}
 	b.gone.stats(&st)
-	st.DeadLetterEvicted = b.dlq.(guardedDLQ).evicted()
+	st.DeadLetterEvicted = b.dlq.evicted()
 	st.PluginPanics = b.panics.Load()
 	if b.mem != nil {
 		st.Dedup = b.mem.Stats()

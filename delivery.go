@@ -177,12 +177,19 @@ func (p *pipeline) after(ctx context.Context, it *laneItem, err error, f failure
 // runtime.Goexit.
 var errGoexit = errors.New("handler called runtime.Goexit")
 
+// goexitFailure is the outcome of an attempt whose handler called
+// runtime.Goexit: a panic.
+func goexitFailure() (error, failure) {
+	pe := newPanicError(errGoexit)
+	return pe, failure{code: CodePanic, text: pe.Error()}
+}
+
 // goexited ends the attempt of it whose handler called runtime.Goexit, as
 // if it had panicked.
 func (p *pipeline) goexited(ctx context.Context, it *laneItem) turnResult {
 	p.rec.c.failed.Add(1)
-	pe := newPanicError(errGoexit)
-	return p.after(ctx, it, pe, failure{code: CodePanic, text: pe.Error()}, timing{})
+	err, f := goexitFailure()
+	return p.after(ctx, it, err, f, timing{})
 }
 
 // cutOff ends it, which a Close or Unsubscribe whose context ended took

@@ -139,24 +139,28 @@ func (r *batchRoute) follow(snap *[]*Subscription, i, n int) {
 	var subs []*Subscription
 	var got, lo, hi []int
 	for _, s := range *snap {
-		g, l, h := -1, 0, n
-		for k, old := range r.subs {
-			if old == s {
-				g, l, h = r.got[k], r.lo[k], r.hi[k]
-				break
-			}
-		}
-		if g < 0 {
-			l, h = r.span(s, n)
-			l = max(l, i)
-			g = l
-			if g >= h {
-				g = n
-			}
-		}
+		g, l, h := r.place(s, i, n)
 		subs, got, lo, hi = append(subs, s), append(got, g), append(lo, l), append(hi, h)
 	}
 	r.snap, r.subs, r.got, r.lo, r.hi = snap, subs, got, lo, hi
+}
+
+// place is where s stands in the batch of n when message i is next: as r
+// keeps it, or, for a subscriber r has not seen (it joined meanwhile), the
+// batch from message i on (got is n when it gets none of it).
+func (r *batchRoute) place(s *Subscription, i, n int) (got, lo, hi int) {
+	for k, old := range r.subs {
+		if old == s {
+			return r.got[k], r.lo[k], r.hi[k]
+		}
+	}
+	lo, hi = r.span(s, n)
+	lo = max(lo, i)
+	got = lo
+	if got >= hi {
+		got = n
+	}
+	return got, lo, hi
 }
 
 // reset starts a batch of n with the current snapshot.
@@ -333,17 +337,7 @@ func (t *topic) claimOwed(s *Subscription, stop <-chan time.Time) (owed []envelo
 	r := &t.route
 	from := max(t.dispatched.Load(), s.startAt) // the queue's oldest message, between batches
 	if n := len(r.envs); n > 0 {
-		got, hi := -1, 0
-		for k, x := range r.subs {
-			if x == s {
-				got, hi = r.got[k], r.hi[k]
-				break
-			}
-		}
-		if got < 0 { // not seen yet: it would be followed from the message being routed
-			lo, h := r.span(s, n)
-			got, hi = max(lo, r.pos), h
-		}
+		got, _, hi := r.place(s, r.pos, n) // not seen yet: it would be followed from the message being routed
 		if got < hi {
 			owed = append(owed, r.envs[got:hi]...)
 		}

@@ -1,15 +1,15 @@
 package broker
 
 import (
-	"unsafe"
-
 	"context"
-	"github.com/inproc/broker/internal/prefetch"
 	"hash/maphash"
 	"math"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
+
+	"github.com/inproc/broker/internal/prefetch"
 )
 
 // Defaults of the in-memory idempotency store.

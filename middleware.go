@@ -177,7 +177,7 @@ func (b *Broker) hooked(ctx context.Context, msg Message) (Message, error) {
 		if msg.Headers == nil { // a hook dropped the map: the next gets one
 			msg.Headers = make(map[string]string)
 		}
-		if err, panicked := b.callPublishHook(ctx, hook, &msg); err != nil && !panicked {
+		if err := b.callPublishHook(ctx, hook, &msg); err != nil {
 			return msg, fmt.Errorf("broker: publish %q to %q: hook %d: %w", msg.ID, msg.Topic, i, err)
 		}
 	}
@@ -188,12 +188,9 @@ func (b *Broker) hooked(ctx context.Context, msg Message) (Message, error) {
 }
 
 // callPublishHook runs one hook, guarded: a panic is recovered, logged and
-// counted, and reported as panicked (the message is published anyway).
-func (b *Broker) callPublishHook(ctx context.Context, hook PublishHook, msg *Message) (err error, panicked bool) {
-	defer func() {
-		if e := b.guard.recovered("PublishHook", "call", recover()); e != nil {
-			err, panicked = e, true
-		}
-	}()
-	return hook(ctx, msg), false
+// counted, and the hook's error is then nil (the message is published
+// anyway).
+func (b *Broker) callPublishHook(ctx context.Context, hook PublishHook, msg *Message) error {
+	defer func() { b.guard.recovered("PublishHook", "call", recover()) }()
+	return hook(ctx, msg)
 }

@@ -15,9 +15,11 @@ import (
 // (Stats.PluginPanics), and never crashes the process or loses a message.
 // A store that panics is treated as that store returning an error; an
 // observer hook that panics loses that event; a backoff that panics gives
-// the default backoff's delay. runtime.Goexit is guarded only where the
-// handler runs (middleware included): a store, observer or backoff calling
-// it ends the broker's goroutine that called it, as it would any caller's.
+// the default backoff's delay. runtime.Goexit is guarded where the handler
+// runs (middleware included) and in a subscriber's shedder, which puts back
+// the shed messages it had not stored and starts another; elsewhere a
+// store, observer or backoff calling it ends the broker's goroutine that
+// called it, as it would any caller's.
 
 // guard recovers and reports panics of plugged-in code.
 type guard struct {
@@ -127,11 +129,7 @@ func (d guardedDLQ) evicted() (n uint64) {
 	if !ok {
 		return 0
 	}
-	defer func() {
-		if d.g.recovered("DeadLetterStore", "Evicted", recover()) != nil {
-			n = 0
-		}
-	}()
+	defer func() { d.g.recovered("DeadLetterStore", "Evicted", recover()) }() // n stays 0
 	return e.Evicted()
 }
 
@@ -242,12 +240,8 @@ func (o guardedObserver) forSubscriber(topic, name string) (scoped guardedObserv
 	if !ok {
 		return o
 	}
-	scoped = o
-	defer func() {
-		if o.g.recovered("Observer", "ForSubscriber", recover()) != nil {
-			scoped = o
-		}
-	}()
+	scoped = o // also after a panic
+	defer func() { o.g.recovered("Observer", "ForSubscriber", recover()) }()
 	if s := so.ForSubscriber(topic, name); s != nil && !isNilValue(s) {
 		scoped.o = s
 	}

@@ -431,8 +431,7 @@ func (s *Subscription) runAttempt(r *attemptRun, m *Message) {
 	returned := false
 	defer func() {
 		if !returned {
-			pe := newPanicError(errGoexit)
-			r.err, r.f = pe, failure{code: CodePanic, text: pe.Error()}
+			r.err, r.f = goexitFailure()
 		}
 		close(r.done)
 	}()

@@ -2,5 +2,4 @@
 
 package prefetch
 
-//go:noescape
 func line(addr uintptr)
