@@ -42,8 +42,8 @@ type Collector struct {
 	broker.NopObserver
 
 	stats   statsDescs
-	handler durationVec // topic, subscriber, outcome
-	e2e     durationVec // topic, subscriber, state
+	handler *prometheus.HistogramVec // topic, subscriber, outcome
+	e2e     *prometheus.HistogramVec // topic, subscriber, state
 
 	src atomic.Pointer[broker.Broker] // set by Watch
 
@@ -66,10 +66,10 @@ type seriesKey struct{ topic, subscriber string }
 
 // series are one subscriber's histogram children, created together.
 type series struct {
-	handler [3]durations // by outcome: delivered, retry, dead_lettered
-	e2e     [2]durations // by state: delivered, dead_lettered
-	epoch   uint64       // Collector.epoch when created
-	deleted atomic.Bool  // a scrape deleted them (subscriberHooks look again)
+	handler [3]prometheus.Observer // by outcome: delivered, retry, dead_lettered
+	e2e     [2]prometheus.Observer // by state: delivered, dead_lettered
+	epoch   uint64                 // Collector.epoch when created
+	deleted atomic.Bool            // a scrape deleted them (subscriberHooks look again)
 }
 
 // Indexes into series.handler and series.e2e, in the order of their label
@@ -102,8 +102,15 @@ func New(opts ...Option) (*Collector, error) {
 			return nil, err
 		}
 	}
-	histogram := func(name, help string, bounds []float64, label string) durationVec {
-		return newDurationVec(cfg.namespace, name, help, cfg.constLabels, bounds, label, cfg.nativeFactor)
+	histogram := func(name, help string, bounds []float64, label string) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace:                   cfg.namespace,
+			Name:                        name,
+			Help:                        help,
+			ConstLabels:                 cfg.constLabels,
+			Buckets:                     bounds,
+			NativeHistogramBucketFactor: cfg.nativeFactor,
+		}, []string{labelTopic, labelSubscriber, label})
 	}
 	return &Collector{
 		stats: newStatsDescs(cfg.namespace, cfg.constLabels),
@@ -200,10 +207,10 @@ func (c *Collector) prune(st broker.Stats, epoch uint64) {
 		s.deleted.Store(true)
 		tl, sl := labelValue(k.topic), labelValue(k.subscriber)
 		for _, o := range handlerOutcomes {
-			c.handler.delete(tl, sl, o)
+			c.handler.DeleteLabelValues(tl, sl, o)
 		}
 		for _, state := range e2eStates {
-			c.e2e.delete(tl, sl, state)
+			c.e2e.DeleteLabelValues(tl, sl, state)
 		}
 		delete(c.series, k)
 	}
@@ -295,13 +302,13 @@ func attemptIndex(o broker.Outcome) (int, bool) {
 
 // attempted observes e, whose index in s.handler is i.
 func (s *series) attempted(i int, e *broker.AttemptEvent) {
-	s.handler[i].observe(nonNegative(e.Duration))
+	s.handler[i].Observe(nonNegative(e.Duration).Seconds())
 	if i == outDelivered {
 		end := e.Start.Add(e.Duration) // when the handler returned: no clock read
 		if e.Start.IsZero() {
 			end = time.Now()
 		}
-		s.e2e[stDelivered].observe(since(e.PublishedAt, end))
+		s.e2e[stDelivered].Observe(since(e.PublishedAt, end).Seconds())
 	}
 }
 
@@ -311,7 +318,7 @@ func (s *series) deadLettered(dl *broker.DeadLetter) {
 	if end.IsZero() {
 		end = time.Now()
 	}
-	s.e2e[stDeadLettered].observe(since(dl.Message.PublishedAt, end))
+	s.e2e[stDeadLettered].Observe(since(dl.Message.PublishedAt, end).Seconds())
 }
 
 // acquire returns k's series with c.mu held: for reading when the series
@@ -344,10 +351,10 @@ func (c *Collector) newSeries(k seriesKey) *series {
 	tl, sl := labelValue(k.topic), labelValue(k.subscriber)
 	s := &series{epoch: c.epoch.Load()}
 	for i, o := range handlerOutcomes {
-		s.handler[i] = c.handler.with(tl, sl, o)
+		s.handler[i] = c.handler.WithLabelValues(tl, sl, o)
 	}
 	for i, state := range e2eStates {
-		s.e2e[i] = c.e2e.with(tl, sl, state)
+		s.e2e[i] = c.e2e.WithLabelValues(tl, sl, state)
 	}
 	return s
 }

@@ -156,8 +156,8 @@ func TestLint(t *testing.T) {
 // its duration, using fake time: handler calls of 3 ms, 70 ms and 700 ms
 // (the last one's message waited 73 ms in the lane first), and a message
 // whose first attempt failed after 70 ms, delivered 1 s after publication.
-// The classic histograms (the default) and the native ones
-// (client_golang's, whose classic buckets are the same) agree.
+// The classic histograms (the default) and the native ones (which keep
+// the classic buckets too) agree.
 func TestHistogramBuckets(t *testing.T) {
 	for _, tc := range []struct {
 		name string
