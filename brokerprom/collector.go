@@ -47,9 +47,10 @@ type Collector struct {
 
 	src atomic.Pointer[broker.Broker] // set by Watch
 
-	// mu guards series. Hooks hold it for reading while they observe, so
-	// that a scrape deleting a series (holding it for writing) never leaves
-	// a hook observing into a histogram no longer exported.
+	// mu guards series. The Collector's own hooks hold it for reading
+	// while they observe, so that a scrape deleting a series (holding it
+	// for writing) never leaves them observing into a histogram no longer
+	// exported; the hooks ForSubscriber returns do not (see there).
 	mu     sync.RWMutex
 	series map[seriesKey]*series
 	epoch  atomic.Uint64 // scrapes begun; a series is dated with it when created
