@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"slices"
 	"strconv"
@@ -585,10 +586,31 @@ func TestWaitingForAHandlerKeepsAlive(t *testing.T) {
 
 // TestConsumerDeletedWhileSubscribed: a consumer deleted under a running
 // subscription (by an operator, say) is created again, delivering what is
-// published from then on.
+// published from then on; also when the transport's logger panics on the
+// warning it logs then (the loop goes on: a logger is user code).
 func TestConsumerDeletedWhileSubscribed(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		logger *slog.Logger
+	}{
+		{"quiet logger", discardLogger},
+		{"panicking logger", slog.New(panickingHandler{})},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testConsumerDeleted(t, tc.logger) })
+	}
+}
+
+// panickingHandler is a slog.Handler whose every record panics.
+type panickingHandler struct{}
+
+func (panickingHandler) Enabled(context.Context, slog.Level) bool  { return true }
+func (panickingHandler) Handle(context.Context, slog.Record) error { panic("log bug") }
+func (h panickingHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
+func (h panickingHandler) WithGroup(string) slog.Handler           { return h }
+
+func testConsumerDeleted(t *testing.T, logger *slog.Logger) {
 	conn := embedded(t, "")
-	r := newRig(t, conn, false, nil)
+	r := newRig(t, conn, false, []natsjs.TransportOption{natsjs.WithLogger(logger)})
 	c := &calls{}
 	r.subscribe(t, "deleted", "s", c.handler("", nil))
 	names, err := r.tr.ConsumerNames(t.Context(), "deleted", "s")
