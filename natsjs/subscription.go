@@ -171,6 +171,7 @@ type partitionLoop struct {
 	// first; the loop starts each on a goroutine of its own when a slot is
 	// free, and keeps them alive meanwhile (only the loop touches it).
 	queue  []*delivery
+	alive  <-chan time.Time // ticks every third of the AckWait while the loop runs; nil (never) without a queue
 	inbox  chan *nats.Msg
 	prefix string // of the inbox subjects: each pull has its own, prefix + "." + a number
 	sub    *nats.Subscription
@@ -277,8 +278,11 @@ func (l *partitionLoop) run() {
 	defer silence.Stop()
 	retry := stoppedTimer() // the next pull after an error
 	defer retry.Stop()
-	alive := l.keepAlive() // keeps the queued keyless messages alive
-	defer alive.Stop()
+	if l.batch > 1 { // keeps the queued keyless messages alive
+		alive := time.NewTicker(l.s.t.cfg.ackWait / 3)
+		defer alive.Stop()
+		l.alive = alive.C
+	}
 	retrying := false
 	backoff := retryFirst
 	later := func() { // pull again after the backoff
@@ -306,13 +310,9 @@ func (l *partitionLoop) run() {
 				silence.Reset(2*l.hb + l.hb/2)
 			}
 		}
-		var free chan<- struct{} // a slot for the oldest queued message
-		if len(l.queue) > 0 {
-			free = s.slots
-		}
 		select {
 		case <-s.stopping:
-			l.drain(alive)
+			l.drain()
 			return
 		case <-l.closed: // the connection was closed under the transport
 			l.logAttrs(slog.LevelError, "natsjs: connection closed; the subscriber stops pulling in this process", nats.ErrConnectionClosed)
@@ -326,9 +326,9 @@ func (l *partitionLoop) run() {
 			clear(l.queue)
 			l.queue = nil
 			return
-		case free <- struct{}{}:
+		case l.free() <- struct{}{}:
 			l.start()
-		case <-alive.c():
+		case <-l.alive:
 			l.keepQueuedAlive()
 		case <-retry.C:
 			retrying = false
@@ -372,8 +372,8 @@ func (l *partitionLoop) run() {
 				outstanding = false
 				silence.Stop()
 				l.logAttrs(slog.LevelWarn, "natsjs: the consumer is gone; creating it again", errors.New(code+" "+desc))
-				if !l.recreate(&backoff, alive) {
-					l.drain(alive)
+				if !l.recreate(&backoff) {
+					l.drain()
 					return
 				}
 			default: // 409 leadership change, max waiting exceeded, ...: pull again, paced
@@ -408,23 +408,19 @@ func stoppedTimer() *time.Timer {
 
 // pause waits out the backoff (doubling it) and reports whether to go on
 // (false: Stop was called).
-func (l *partitionLoop) pause(backoff *time.Duration, alive *aliveTicker) bool {
+func (l *partitionLoop) pause(backoff *time.Duration) bool {
 	timer := time.NewTimer(*backoff)
 	defer timer.Stop()
 	*backoff = min(2**backoff, retryMax)
 	for {
-		var free chan<- struct{} // the queued keyless messages go on meanwhile
-		if len(l.queue) > 0 {
-			free = l.s.slots
-		}
-		select {
+		select { // the queued keyless messages go on meanwhile
 		case <-l.s.stopping:
 			return false
 		case <-timer.C:
 			return true
-		case free <- struct{}{}:
+		case l.free() <- struct{}{}:
 			l.start()
-		case <-alive.c():
+		case <-l.alive:
 			l.keepQueuedAlive()
 		}
 	}
@@ -432,9 +428,9 @@ func (l *partitionLoop) pause(backoff *time.Duration, alive *aliveTicker) bool {
 
 // recreate creates the consumer again, pacing the attempts, until it
 // succeeds (true) or Stop is called (false).
-func (l *partitionLoop) recreate(backoff *time.Duration, alive *aliveTicker) bool {
+func (l *partitionLoop) recreate(backoff *time.Duration) bool {
 	for {
-		if !l.pause(backoff, alive) {
+		if !l.pause(backoff) {
 			return false
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -450,17 +446,13 @@ func (l *partitionLoop) recreate(backoff *time.Duration, alive *aliveTicker) boo
 // drain stops the inbox: the server learns it has no one to deliver to,
 // and what it sent before is still delivered, the queued keyless messages
 // too (kept alive until they start).
-func (l *partitionLoop) drain(alive *aliveTicker) {
+func (l *partitionLoop) drain() {
 	if err := l.sub.Drain(); err != nil {
 		_ = l.sub.Unsubscribe()
 	}
 	timer := time.NewTimer(drainWait)
 	defer timer.Stop()
 	for done := false; !done; {
-		var free chan<- struct{}
-		if len(l.queue) > 0 {
-			free = l.s.slots
-		}
 		select {
 		case m := <-l.inbox:
 			if m.Header.Get("Status") == "" && strings.HasPrefix(m.Reply, "$JS.ACK.") {
@@ -471,24 +463,24 @@ func (l *partitionLoop) drain(alive *aliveTicker) {
 		case <-timer.C:
 			_ = l.sub.Unsubscribe()
 			done = true
-		case free <- struct{}{}:
+		case l.free() <- struct{}{}:
 			l.start()
-		case <-alive.c():
+		case <-l.alive:
 			l.keepQueuedAlive()
 		}
 	}
 	l.flush()
-	l.empty(alive)
+	l.empty()
 }
 
 // empty starts every queued keyless message, oldest first, as slots free
 // up, keeping the others alive meanwhile.
-func (l *partitionLoop) empty(alive *aliveTicker) {
+func (l *partitionLoop) empty() {
 	for len(l.queue) > 0 {
 		select {
 		case l.s.slots <- struct{}{}:
 			l.start()
-		case <-alive.c():
+		case <-l.alive:
 			l.keepQueuedAlive()
 		}
 	}
@@ -528,33 +520,13 @@ func (l *partitionLoop) keepQueuedAlive() {
 	}
 }
 
-// aliveTicker ticks every third of the AckWait for a loop with a queue (a
-// nil one never ticks).
-type aliveTicker struct{ t *time.Ticker }
-
-// keepAlive returns the keyless loop's ticker; nil for a loop that
-// delivers one message at a time (a partition's, or an Ordered
-// subscriber's keyless loop).
-func (l *partitionLoop) keepAlive() *aliveTicker {
-	if l.batch == 1 {
+// free is where the loop takes a slot for its oldest queued keyless
+// message: the subscription's slots, or nil (never ready) with none queued.
+func (l *partitionLoop) free() chan<- struct{} {
+	if len(l.queue) == 0 {
 		return nil
 	}
-	return &aliveTicker{t: time.NewTicker(l.s.t.cfg.ackWait / 3)}
-}
-
-// c is the ticker's channel; nil (never ready) for a nil ticker.
-func (a *aliveTicker) c() <-chan time.Time {
-	if a == nil {
-		return nil
-	}
-	return a.t.C
-}
-
-// Stop stops the ticker, if any.
-func (a *aliveTicker) Stop() {
-	if a != nil {
-		a.t.Stop()
-	}
+	return l.s.slots
 }
 
 // flush delivers what is left in the inbox after its subscription ended.
