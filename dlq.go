@@ -44,10 +44,13 @@ type DeadLetter struct {
 	// Error is the text of the last error.
 	Error string
 	// Retryable reports whether the policy allowed retries for the last
-	// error's code.
+	// error's code: false for a Permanent error, a panic without a ByCode
+	// rule, or a code whose ByCode rule has MaxRetries 0; true under a
+	// policy-wide MaxRetries of 0 (its dead letter is exhausted, not
+	// permanent).
 	Retryable bool
 	// Reason is one of ReasonExhausted, ReasonPermanent, ReasonShutdown,
-	// ReasonUnsubscribed.
+	// ReasonUnsubscribed, ReasonOverflow, ReasonBudget.
 	Reason string
 	// FailedAt is when the message was dead-lettered.
 	FailedAt time.Time
@@ -82,7 +85,9 @@ func (f DeadLetterFilter) Validate() error {
 // The broker calls Put from delivery goroutines with a context that is
 // never cancelled by shutdown, so a slow Put slows that subscriber. A Put
 // that fails is retried with backoff while the broker runs (holding the
-// message's key), unless its error wraps ErrDeadLetterRefused.
+// message's key and the worker that ran it: with Concurrency 1 the
+// subscriber waits for the store), unless its error wraps
+// ErrDeadLetterRefused.
 type DeadLetterStore interface {
 	// Put stores dl; a dl with an ID already stored replaces it.
 	Put(ctx context.Context, dl DeadLetter) error

@@ -69,7 +69,9 @@
 // its code ([RetryPolicy.ByCode], else the policy's MaxRetries); attempts are
 // numbered 1, 2, 3… and never exceed MaxRetries+1 for the code. The last
 // failure goes to the dead-letter store with reason "exhausted" (or
-// "permanent" when the code is not retried at all), is counted, logged and
+// "permanent" when a [RetryPolicy.ByCode] rule of MaxRetries 0 declares the
+// code not worth retrying; a policy-wide MaxRetries of 0 leaves codes
+// retryable, so their first failure is "exhausted"), is counted, logged and
 // reported to the [Observer].
 //
 // # Backpressure

@@ -21,8 +21,17 @@ const (
 // that live outside this package. Hooks are called synchronously on the
 // publish and delivery paths: they must be safe for concurrent use, must not
 // block and must not panic. Embed NopObserver to implement only some hooks.
+//
+// The events of one message come from different goroutines (the
+// publisher's, then the topic's dispatcher and the subscriber's workers),
+// which do not wait for each other's hooks: Published is called after the
+// message was queued, so its Unrouted or Attempted events may arrive
+// first. An adapter that keeps state per message must not rely on the
+// order; a subscriber's own events (Attempted, DeadLettered) arrive in
+// order.
 type Observer interface {
-	// Published is called when Publish accepted a message.
+	// Published is called when Publish accepted a message (after it was
+	// queued: see above on order).
 	Published(PublishEvent)
 	// Rejected is called when Publish refused a message because the queue
 	// stayed full or ctx ended while waiting.

@@ -219,7 +219,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r2.URL = &u
 		r = r2
 	}
+	if !h.routed(r) {
+		h.fail(w, r, strings.HasPrefix(r.URL.Path, "/api/"), http.StatusNotFound, "no such page: "+r.URL.Path)
+		return
+	}
 	h.mux.ServeHTTP(w, r)
+}
+
+// routed reports whether the mux has a route for r's path: for r's method,
+// or for another (then the mux answers 405 with Allow). An unknown path
+// gets the handler's own error page (or JSON under api/), not the mux's
+// plain-text 404.
+func (h *Handler) routed(r *http.Request) bool {
+	if _, pattern := h.mux.Handler(r); pattern != "" {
+		return true
+	}
+	for _, m := range []string{http.MethodGet, http.MethodPost} {
+		r2 := *r
+		r2.Method = m
+		if _, pattern := h.mux.Handler(&r2); pattern != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // csp allows the embedded script and style only: no inline script or

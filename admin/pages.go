@@ -95,10 +95,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, api bool, status 
 		writeJSON(w, status, map[string]string{"error": msg})
 		return
 	}
-	root := ""
-	if strings.HasPrefix(r.URL.Path, "/deadletters/") {
-		root = "../"
-	}
+	root := strings.Repeat("../", strings.Count(strings.TrimPrefix(r.URL.Path, "/"), "/"))
 	p := page{AppTitle: h.opts.Title, Title: http.StatusText(status), Page: "error", Root: root, AllowActions: h.opts.AllowActions}
 	h.render(w, status, "error", errorPage{page: p, Status: status, Message: msg})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"html"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"strings"
@@ -159,7 +160,7 @@ func TestSecurityHeaders(t *testing.T) {
 			assert.Equal(t, "nosniff", hd.Get("X-Content-Type-Options"))
 			assert.Equal(t, "no-referrer", hd.Get("Referrer-Policy"))
 			assert.Equal(t, "DENY", hd.Get("X-Frame-Options"))
-			if !strings.HasPrefix(p, "/static/") && p != "/nowhere" && p != "/redrive" {
+			if !strings.HasPrefix(p, "/static/") && p != "/redrive" { // GET /redrive: the mux's 405
 				assert.Equal(t, "no-store", hd.Get("Cache-Control"))
 			}
 		})
@@ -196,6 +197,40 @@ func TestStaticAssets(t *testing.T) {
 // TestMounts: mounted at the root or under a prefix (with or without the
 // prefix's trailing slash stripped), every link of every page leads to a
 // page of the handler, and actions redirect back under the prefix.
+// TestUnknownPaths: a path the handler has no route for gets its own error
+// page (JSON under api/), 404 and no-store, not the mux's plain text; a
+// known path asked with the wrong method still gets 405 with Allow.
+func TestUnknownPaths(t *testing.T) {
+	h := newHandler(t, failingBroker(t), Options{})
+	tests := []struct {
+		method, path string
+		status       int
+		contentType  string
+		body         string // in the body
+	}{
+		{http.MethodGet, "/nope", http.StatusNotFound, "text/html", `data-page="error"`},
+		{http.MethodGet, "/deadletters/", http.StatusNotFound, "text/html", `href="../static/app.css"`},
+		{http.MethodGet, "/a/b/c", http.StatusNotFound, "text/html", `href="../../static/app.css"`},
+		{http.MethodPost, "/nope", http.StatusNotFound, "text/html", "no such page: /nope"},
+		{http.MethodGet, "/api/nope", http.StatusNotFound, "application/json", `"error":"admin: no such page: /api/nope"`},
+		{http.MethodPost, "/deadletters", http.StatusMethodNotAllowed, "text/plain", "Method Not Allowed"},
+		{http.MethodGet, "/api/redrive", http.StatusMethodNotAllowed, "text/plain", "Method Not Allowed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
+			w := do(h, httptest.NewRequest(tt.method, tt.path, nil))
+			assert.Equal(t, tt.status, w.Code)
+			assert.True(t, strings.HasPrefix(w.Header().Get("Content-Type"), tt.contentType), w.Header().Get("Content-Type"))
+			assert.Contains(t, w.Body.String(), tt.body)
+			if tt.status == http.StatusNotFound {
+				assert.Equal(t, "no-store", w.Header().Get("Cache-Control"))
+			} else {
+				assert.NotEmpty(t, w.Header().Get("Allow"))
+			}
+		})
+	}
+}
+
 func TestMounts(t *testing.T) {
 	tests := []struct {
 		name  string
