@@ -257,7 +257,10 @@ func (b *Broker) redriveOne(ctx context.Context, id string) error {
 		return fmt.Errorf("%w: %q", ErrDeadLetterNotFound, id)
 	}
 	if b.remote != nil {
-		if err := b.remote.t.Redrive(ctx, dl); err != nil {
+		rctx, cancel := b.publishCtx(ctx)
+		err := b.guard.call("Transport", "Redrive", func() error { return b.remote.t.Redrive(rctx, dl) })
+		cancel()
+		if err != nil {
 			return fmt.Errorf("broker: redrive %q: %w", id, err)
 		}
 		b.deleteRedriven(ctx, id)

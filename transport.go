@@ -77,8 +77,10 @@ type Delivery interface {
 	// Message is the message, with Attempt set to the transport's count
 	// of deliveries to this subscriber (1 for the first).
 	Message() Message
-	// Redriven reports a dead letter sent back by Redrive: it skips the
-	// dedup check.
+	// Redriven reports a dead letter sent back by Redrive, on every
+	// delivery of it (its retries too): it skips the dedup check. Its
+	// Attempt counts the deliveries of the redriven copy, from 1, so it is
+	// retried and dead-lettered again under the policy like any message.
 	Redriven() bool
 	// Ack says the message ended here: delivered, deduplicated or, after
 	// Terminate's dead letter was stored, nothing more to do.
@@ -174,19 +176,27 @@ func (b *Broker) Transport() Transport {
 // publishRemote hands a valid, stamped message to the transport.
 func (b *Broker) publishRemote(ctx context.Context, msg Message) error {
 	r := b.remote
-	pctx := ctx
-	if pctx == nil {
-		pctx = context.Background()
-	}
-	var cancel context.CancelFunc
-	if d := b.cfg.publishTimeout; d > 0 {
-		pctx, cancel = context.WithTimeout(pctx, d)
-	} else {
-		pctx, cancel = context.WithCancel(pctx)
-	}
+	pctx, cancel := b.publishCtx(ctx)
 	err := b.guard.call("Transport", "Publish", func() error { return r.t.Publish(pctx, msg) })
 	cancel()
 	return b.remoteOutcome(ctx, msg, err)
+}
+
+// publishCtx is the context a transport's Publish or Redrive gets: the
+// caller's cancellation, and the publish timeout as its deadline (the
+// caller's, if sooner). With a timeout of 0 it has no deadline, whatever
+// the caller's, so that a full stream fails at once as the in-memory queue
+// does; the caller's cancellation (its deadline included) still ends it.
+func (b *Broker) publishCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if d := b.cfg.publishTimeout; d > 0 {
+		return context.WithTimeout(ctx, d)
+	}
+	pctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	return pctx, func() { stop(); cancel(nil) }
 }
 
 // remoteOutcome records what the transport answered for msg (err), as
@@ -281,13 +291,13 @@ func (s *Subscription) deliverRemote(d Delivery) {
 	rs := s.remote
 	msg := d.Message()
 	c := s.c
-	redriven := d.Redriven()
-	if msg.Attempt <= 1 || redriven || !s.unpark() {
+	redriven := d.Redriven() // skips dedup; Attempt is the transport's count, from 1 again after Redrive
+	if msg.Attempt <= 1 || !s.unpark() {
 		c.routed.Add(1) // new to this process
 	}
 	c.inFlight.Add(1)
 	defer c.inFlight.Add(-1)
-	if msg.Attempt < 1 || redriven {
+	if msg.Attempt < 1 {
 		msg.Attempt = 1
 	}
 	if s.pipe.ids != nil { // one ID at a time: a copy waiting here then finds it delivered

@@ -62,8 +62,7 @@ func (tr *fakeTransport) Publish(ctx context.Context, msg Message) error {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	if tr.full {
-		<-ctx.Done()
-		return fmt.Errorf("%w: fake stream full", ErrQueueFull)
+		return waitFull(ctx)
 	}
 	for _, s := range tr.subs[msg.Topic] {
 		m := msg
@@ -99,9 +98,21 @@ func (tr *fakeTransport) Subscribe(sub TransportSubscriber) (TransportSubscripti
 	return s, nil
 }
 
-func (tr *fakeTransport) Redrive(_ context.Context, dl DeadLetter) error {
+// waitFull is a full stream's answer: at once without a deadline (a
+// publish timeout of 0), else when ctx ends.
+func waitFull(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); ok {
+		<-ctx.Done()
+	}
+	return fmt.Errorf("%w: fake stream full", ErrQueueFull)
+}
+
+func (tr *fakeTransport) Redrive(ctx context.Context, dl DeadLetter) error {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
+	if tr.full {
+		return waitFull(ctx)
+	}
 	tr.redrives = append(tr.redrives, dl)
 	for _, s := range tr.subs[dl.Message.Topic] {
 		if s.sub.Name == dl.Subscriber {
@@ -148,7 +159,7 @@ func (d *fakeDelivery) end(op, arg string) error {
 func (d *fakeDelivery) Ack() error { return d.end("ack", "") }
 func (d *fakeDelivery) Retry(delay time.Duration) error {
 	_ = d.end("retry", " "+delay.String())
-	next := &fakeDelivery{s: d.s, msg: d.msg}
+	next := &fakeDelivery{s: d.s, msg: d.msg, redriven: d.redriven} // a redriven copy stays one (natsjs: its header)
 	next.msg.Attempt++
 	d.s.timer.Add(1)
 	time.AfterFunc(delay, func() {
@@ -269,6 +280,57 @@ func TestTransportDedupAndRedrive(t *testing.T) {
 		assert.Equal(t, uint64(2), ss.Delivered)
 		requireConserved(t, b.Stats())
 	})
+}
+
+// TestTransportRedrivenRetries: a redriven message that fails again is
+// retried under the policy from attempt 1 (the transport's count, which
+// Redriven does not reset) and dead-lettered again after MaxRetries+1
+// attempts; it is routed once per redrive, so Stats add up at rest.
+func TestTransportRedrivenRetries(t *testing.T) {
+	for _, heals := range []bool{false, true} {
+		t.Run(fmt.Sprintf("heals=%v", heals), func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				tr := newFakeTransport()
+				b := newTransportBroker(t, tr)
+				var runs atomic.Int32
+				redriven := atomic.Bool{}
+				_, err := b.Subscribe("t", "s", func(_ context.Context, m Message) error {
+					if redriven.Load() && heals && runs.Add(1) > 1 {
+						return nil
+					}
+					return errors.New("down")
+				})
+				require.NoError(t, err)
+				require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t"}))
+				time.Sleep(time.Second) // the retries' backoffs (fake time)
+				idle()
+				dls := deadLetters(t, b)
+				require.Len(t, dls, 1)
+				redriven.Store(true)
+				n, err := b.Redrive(context.Background(), dls[0].ID)
+				require.NoError(t, err)
+				require.Equal(t, 1, n)
+				time.Sleep(time.Second)
+				idle()
+				want := []string{"retry m#1 10ms", "retry m#2 10ms", "term m#3 exhausted",
+					"retry m#1 10ms", "retry m#2 10ms", "term m#3 exhausted"}
+				if heals {
+					want = append(want[:4], "ack m#2")
+				}
+				assert.Equal(t, want, tr.log())
+				ss := subStats(t, b, "t", "s")
+				assert.Equal(t, uint64(2), ss.Routed, "routed once per publish and once per redrive")
+				if heals {
+					assert.Empty(t, deadLetters(t, b))
+					assert.Equal(t, uint64(1), ss.Delivered)
+				} else {
+					assert.Len(t, deadLetters(t, b), 1, "dead-lettered again")
+					assert.Equal(t, uint64(2), ss.DeadLettered)
+				}
+				requireConserved(t, b.Stats())
+			})
+		})
+	}
 }
 
 // A delivery counted past every rule's attempts ran in a process that died
@@ -400,17 +462,58 @@ func TestTransportRefusesLaneOptions(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidOption)
 }
 
+// TestTransportFullGivesErrQueueFull: over a transport, Publish and
+// Redrive wait for room for the publish timeout, whatever the caller's
+// later deadline, and with a timeout of 0 fail at once (as the in-memory
+// queue does); a sooner caller deadline ends the wait first.
 func TestTransportFullGivesErrQueueFull(t *testing.T) {
-	bubble(t, func(t *testing.T) {
-		tr := newFakeTransport()
-		tr.full = true
-		b := newTransportBroker(t, tr, WithPublishTimeout(100*time.Millisecond))
-		start := time.Now()
-		err := b.Publish(context.Background(), Message{ID: "m", Topic: "t"})
-		require.ErrorIs(t, err, ErrQueueFull)
-		assert.Equal(t, 100*time.Millisecond, time.Since(start), "within the publish timeout")
-		assert.Equal(t, uint64(1), b.Stats().Topics["t"].Rejected)
-	})
+	tests := []struct {
+		timeout, callerDeadline, want time.Duration // callerDeadline 0: none
+	}{
+		{100 * time.Millisecond, 0, 100 * time.Millisecond},
+		{100 * time.Millisecond, time.Hour, 100 * time.Millisecond},
+		{100 * time.Millisecond, 30 * time.Millisecond, 30 * time.Millisecond},
+		{0, 0, 0},
+		{0, time.Hour, 0},
+	}
+	for _, tt := range tests {
+		for _, op := range []string{"Publish", "Redrive"} {
+			t.Run(fmt.Sprintf("%s/timeout=%v/deadline=%v", op, tt.timeout, tt.callerDeadline), func(t *testing.T) {
+				bubble(t, func(t *testing.T) {
+					tr := newFakeTransport()
+					b := newTransportBroker(t, tr, WithPublishTimeout(tt.timeout))
+					_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return Permanent(errors.New("no")) })
+					require.NoError(t, err)
+					require.NoError(t, b.Publish(context.Background(), Message{ID: "dl", Topic: "t"}))
+					idle()
+					dls := deadLetters(t, b)
+					require.Len(t, dls, 1)
+					tr.mu.Lock()
+					tr.full = true
+					tr.mu.Unlock()
+					ctx := context.Background()
+					if tt.callerDeadline > 0 {
+						var cancel context.CancelFunc
+						ctx, cancel = context.WithTimeout(ctx, tt.callerDeadline)
+						defer cancel()
+					}
+					start := time.Now()
+					if op == "Publish" {
+						err = b.Publish(ctx, Message{ID: "m", Topic: "t"})
+					} else {
+						_, err = b.Redrive(ctx, dls[0].ID)
+					}
+					require.ErrorIs(t, err, ErrQueueFull)
+					assert.Equal(t, tt.want, time.Since(start))
+					if op == "Publish" {
+						assert.Equal(t, uint64(1), b.Stats().Topics["t"].Rejected)
+					} else {
+						assert.Len(t, deadLetters(t, b), 1, "the dead letter stays in the store")
+					}
+				})
+			})
+		}
+	}
 }
 
 func TestTransportRunsMiddlewareAndHooks(t *testing.T) {

@@ -69,6 +69,9 @@ import (
 //     handled again (skipped with WithoutDedup).
 //   - Redrive: a redriven dead letter is delivered again from attempt 1 to
 //     the subscriber that failed it, no other, and leaves the store.
+//   - Redrive/FailsAgain: a redriven message that fails again is retried
+//     (attempts 1, 2, 3 again) and dead-lettered again; Stats count it
+//     routed once per publish and once per redrive.
 //   - KeyOrder: with Concurrency(4), messages of one Key run one at a time in
 //     publish order, also when one of them fails once and is retried.
 //   - Stats: at a quiet moment Published counts the publishes and, for every
@@ -138,6 +141,7 @@ func brokerSuite(t tb, newBroker func(tb, ...broker.Option) *broker.Broker, o op
 		t.run("Dedup", s.dedup)
 	}
 	t.run("Redrive", s.redrive)
+	t.run("Redrive/FailsAgain", s.redriveFailsAgain)
 	t.run("KeyOrder", s.keyOrder)
 	t.run("Stats", s.stats)
 	t.run("Middleware", s.middleware)

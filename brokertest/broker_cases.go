@@ -323,6 +323,37 @@ func (s *bSuite) redrive(t tb) {
 	}
 }
 
+func (s *bSuite) redriveFailsAgain(t tb) {
+	e := s.start(t, "redrive-again")
+	e.subscribe("a", func(context.Context, broker.Message) error { return errors.New("still down") })
+	e.publish(broker.Message{ID: "m-1", Key: "k"})
+	dl := e.awaitDeadLetters(1)[0]
+	e.settle("k", "a")
+	if n, err := e.b.Redrive(t.Context(), dl.ID); n != 1 || err != nil {
+		t.Fatalf("Redrive(%q) = %d, %v; want 1, nil", dl.ID, n, err)
+	}
+	e.wait("the redriven message's last attempt", func() bool { return len(e.callsOf("a", "m-1")) >= 6 })
+	again := e.awaitDeadLetters(1)[0]
+	e.settle("k", "a")
+	if got := e.attempts("a", "m-1"); !slices.Equal(got, []int{1, 2, 3, 1, 2, 3}) {
+		t.Errorf("attempts %v, want [1 2 3 1 2 3]: the redriven copy is retried from attempt 1 under the policy (MaxRetries 2)", got)
+	}
+	if again.ID == dl.ID || again.Reason != broker.ReasonExhausted || again.Attempts != 3 {
+		t.Errorf("the second dead letter has ID %q (the first was %q), reason %q, %d attempts; want a new ID, %q, 3",
+			again.ID, dl.ID, again.Reason, again.Attempts, broker.ReasonExhausted)
+	}
+	if dls := e.deadLetters(); len(dls) != 1 {
+		t.Errorf("%d dead letters at rest, want 1 (the first left the store when redriven)", len(dls))
+	}
+	st := e.subStats("a") // settle's markers are routed and delivered too
+	if sum := st.Delivered + st.Deduplicated + st.DeadLettered + uint64(st.Queued) + uint64(st.InFlight); st.Routed != sum ||
+		st.DeadLettered != 2 || st.Queued != 0 || st.InFlight != 0 {
+		t.Errorf("Stats at rest: Routed %d, Delivered %d, Deduplicated %d, DeadLettered %d, Queued %d, InFlight %d; want Routed = the sum of the rest "+
+			"(routed once per publish and once per redrive), DeadLettered 2, nothing queued or in flight",
+			st.Routed, st.Delivered, st.Deduplicated, st.DeadLettered, st.Queued, st.InFlight)
+	}
+}
+
 func (s *bSuite) keyOrder(t tb) {
 	const keys, perKey, workers = 4, 8, 4
 	e := s.start(t, "order")
