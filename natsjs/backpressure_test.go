@@ -17,14 +17,26 @@ import (
 // failing the test if it has not returned after 10 s (a hang).
 func publishWithin(t *testing.T, b *broker.Broker, m broker.Message) (error, time.Duration) {
 	t.Helper()
+	return publishBefore(t, b, m, 0)
+}
+
+// publishBefore is publishWithin with a caller's deadline (0: none).
+func publishBefore(t *testing.T, b *broker.Broker, m broker.Message, deadline time.Duration) (error, time.Duration) {
+	t.Helper()
 	type result struct {
 		err  error
 		took time.Duration
 	}
 	done := make(chan result, 1)
 	go func() { // ends when Publish returns
+		ctx := context.Background()
+		if deadline > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, deadline)
+			defer cancel()
+		}
 		start := time.Now()
-		err := b.Publish(context.Background(), m)
+		err := b.Publish(ctx, m)
 		done <- result{err, time.Since(start)}
 	}()
 	select {
@@ -38,17 +50,21 @@ func publishWithin(t *testing.T, b *broker.Broker, m broker.Message) (error, tim
 
 // TestBackpressure: a topic's stream at its limit makes Publish wait for
 // room until the publish timeout and then return ErrQueueFull (at once
-// with a timeout of 0), counted as rejected; once the subscriber catches
-// up there is room again. It never hangs.
+// with a timeout of 0, also when the caller's context has a later
+// deadline), counted as rejected; once the subscriber catches up there is
+// room again. It never hangs.
 func TestBackpressure(t *testing.T) {
 	conn := embedded(t, "")
 	const timeout = 300 * time.Millisecond
 	tests := []struct {
-		name    string
-		timeout time.Duration
+		name           string
+		timeout        time.Duration
+		callerDeadline time.Duration // 0: none
 	}{
-		{"publish timeout", timeout},
-		{"no publish timeout", 0},
+		{"publish timeout", timeout, 0},
+		{"publish timeout, later caller deadline", timeout, 20 * time.Second},
+		{"no publish timeout", 0, 0},
+		{"no publish timeout, caller deadline", 0, 20 * time.Second},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -68,12 +84,15 @@ func TestBackpressure(t *testing.T) {
 			}))
 			r.publish(t, broker.Message{ID: "a", Topic: topic}) // delivered, its handler blocks
 			r.publish(t, broker.Message{ID: "b", Topic: topic}) // waits
-			err, took := publishWithin(t, r.b, broker.Message{ID: "c", Topic: topic})
+			err, took := publishBefore(t, r.b, broker.Message{ID: "c", Topic: topic}, tt.callerDeadline)
 			if !errors.Is(err, broker.ErrQueueFull) || !strings.Contains(err.Error(), topic) {
 				t.Fatalf("Publish into a full stream: %v; want ErrQueueFull", err)
 			}
 			if took < tt.timeout {
 				t.Errorf("Publish gave up after %v, before the publish timeout %v", took, tt.timeout)
+			}
+			if tt.callerDeadline > 0 && took >= tt.callerDeadline/2 {
+				t.Errorf("Publish took %v: it waited for the caller's deadline (%v), not the publish timeout (%v)", took, tt.callerDeadline, tt.timeout)
 			}
 			if st := r.b.Stats().Topics[topic]; st.Rejected != 1 || st.Published != 2 {
 				t.Errorf("topic stats %+v: want Published 2, Rejected 1", st)
