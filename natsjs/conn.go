@@ -23,6 +23,7 @@ type Conn struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 	srv *server.Server // nil when connected with Connect
+	dir *dirLock       // the embedded server's directory, held until Close
 
 	closeOnce sync.Once
 	closeErr  error
@@ -89,8 +90,11 @@ func WithConnectOptions(opts ...nats.Option) EmbedOption {
 }
 
 // Embedded starts a nats-server inside the process, with JetStream keeping
-// its data in files under dir (created if needed; one server at a time per
-// dir), and returns a connection to it. By default the server opens no
+// its data in files under dir (created if needed), and returns a connection
+// to it. One server at a time per dir: Embedded locks dir (the file
+// .natsjs.lock in it, with flock on Unix) until Close, and a second
+// Embedded of the same dir, in this process or another, fails with
+// ErrDirInUse instead of writing the same files. By default the server opens no
 // network port: the connection is in memory (nats.InProcessServer), so
 // nothing outside the process can reach it. Reopening the same dir later
 // finds every stream and bucket as it was.
@@ -123,6 +127,21 @@ func Embedded(dir string, opts ...EmbedOption) (*Conn, error) {
 		f(sopts)
 	}
 	sopts.JetStream, sopts.StoreDir = true, dir
+	lock, err := lockDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	c, err := startEmbedded(sopts, cfg)
+	if err != nil {
+		lock.release()
+		return nil, err
+	}
+	c.dir = lock
+	return c, nil
+}
+
+// startEmbedded starts the server of Embedded and connects to it.
+func startEmbedded(sopts *server.Options, cfg embedConfig) (*Conn, error) {
 	srv, err := server.NewServer(sopts)
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: embedded server: %w", err)
@@ -250,6 +269,9 @@ func (c *Conn) close(ctx context.Context) error {
 	}
 	if c.srv != nil {
 		stopServer(c.srv)
+	}
+	if c.dir != nil {
+		c.dir.release() // after the server closed its files
 	}
 	return errors.Join(errs...)
 }

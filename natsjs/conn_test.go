@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -153,6 +155,39 @@ func TestCloseIsIdempotentAndStopsTheServer(t *testing.T) {
 			// goleak (TestMain) checks that nothing of the server lingers.
 		})
 	}
+}
+
+// TestOneServerPerDir: a directory an embedded server has open is refused
+// to a second one (Embedded and Open) with ErrDirInUse, so two servers
+// never write the same files; Close frees it, and a lock file left by a
+// process that died does not hold it (the kernel dropped its lock).
+func TestOneServerPerDir(t *testing.T) {
+	dir := t.TempDir()
+	first, err := natsjs.Embedded(dir)
+	if err != nil {
+		t.Fatalf("Embedded: %v", err)
+	}
+	if c, err := natsjs.Embedded(dir); !errors.Is(err, natsjs.ErrDirInUse) {
+		if c != nil {
+			closeConn(t, c)
+		}
+		t.Fatalf("a second Embedded of the same dir = %v; want ErrDirInUse", err)
+	}
+	if b, err := natsjs.Open(dir, natsjs.Config{}); !errors.Is(err, natsjs.ErrDirInUse) {
+		if b != nil {
+			_ = b.Close(context.Background())
+		}
+		t.Fatalf("Open of a dir in use = %v; want ErrDirInUse", err)
+	}
+	closeConn(t, first)
+	again := embedded(t, dir) // free once the first closed (its lock file stays)
+	closeConn(t, again)
+
+	other := t.TempDir() // a lock file without a lock: a process that died
+	if err := os.WriteFile(filepath.Join(other, ".natsjs.lock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	embedded(t, other)
 }
 
 func TestEmbeddedOptions(t *testing.T) {

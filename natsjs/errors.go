@@ -23,4 +23,8 @@ var (
 	// ErrCorrupt wraps the reason a stored dead letter could not be decoded
 	// (a message not written by DeadLetterStore on its subjects).
 	ErrCorrupt = errors.New("natsjs: undecodable dead letter")
+	// ErrDirInUse is returned by Embedded (and Open) for a directory that
+	// an embedded server of this or another process has open: two servers
+	// writing the same files would lose messages.
+	ErrDirInUse = errors.New("natsjs: directory in use by another embedded server")
 )
