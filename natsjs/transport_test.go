@@ -174,7 +174,8 @@ func TestTransportDedup(t *testing.T) {
 			waitFor(t, "the first copy", func() bool { return len(c.of("m")) == 1 })
 			r.publish(t, broker.Message{ID: "m", Topic: topic})
 			r.publish(t, broker.Message{ID: "barrier", Topic: topic}) // one partition: ends after the copy
-			waitFor(t, "the barrier", func() bool { return len(c.of("barrier")) == 1 })
+			// The barrier's handler ran; its delivery ends (InFlight 0) just after.
+			waitFor(t, "the barrier", func() bool { return len(c.of("barrier")) == 1 && subStats(r.b, topic, "s").InFlight == 0 })
 			ss := subStats(r.b, topic, "s")
 			if n := len(c.of("m")); n != tt.runs || ss.Deduplicated != tt.deduplicated {
 				t.Errorf("handler ran %d times, Deduplicated %d; want %d and %d", n, ss.Deduplicated, tt.runs, tt.deduplicated)
