@@ -121,6 +121,34 @@ func TestEachHandlerGetsItsOwnHeaders(t *testing.T) {
 	}
 }
 
+// A message published without Headers reaches handlers with nil ones (no
+// map per delivery, as documented on Message.Headers); a handler that
+// starts its own map is seen by nobody else.
+func TestHeadersNilWhenPublishedWithout(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t)
+		got := make(chan map[string]string, 2)
+		for _, name := range []string{"a", "b"} {
+			_, err := b.Subscribe("t", name, func(_ context.Context, m Message) error {
+				got <- m.Headers
+				if m.Headers == nil {
+					m.Headers = map[string]string{}
+				}
+				m.Headers["by"] = name
+				return nil
+			})
+			require.NoError(t, err)
+		}
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t"}))
+		idle()
+		close(got)
+		for h := range got {
+			assert.Nil(t, h)
+		}
+		requireConserved(t, b.Stats())
+	})
+}
+
 var _ = errors.New
 
 // Close and Unsubscribe honour their context when a handler ignores its
