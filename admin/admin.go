@@ -59,7 +59,8 @@ type Options struct {
 	// MaxScan bounds how many dead letters one list request reads from the
 	// store (default DefaultMaxScan): the store filters by topic, subscriber
 	// and error code, the handler by reason, and pages are cut from the
-	// first MaxScan matches.
+	// first MaxScan matches. It is raised to PageSize if lower, and a list
+	// request whose offset + limit passes it is refused (400).
 	MaxScan int
 	// PayloadLimit is how many bytes of a payload the detail page shows
 	// (default DefaultPayloadLimit); the full size is stated beside it.
