@@ -46,6 +46,7 @@ type Broker struct {
 	closeErr    error         // the first Close's result, set before closeDone is closed
 	shutdownDLs atomic.Int64  // dead letters with reason "shutdown"
 	abandoned   atomic.Int64  // handlers Close abandoned
+	lost        atomic.Int64  // dead letters the store refused for good
 
 	remote *remote // the transport's side, when one was given (WithTransport); nil: in-memory
 

@@ -36,9 +36,10 @@ type pipeline struct {
 
 // newPipeline is the delivery pipeline of subscriber name on topicName,
 // whatever carries its messages: c are its counters, onDeadLetter counts a
-// dead letter by reason, and stop is closed when it must stop at once.
+// dead letter by reason (and whether the store refused it for good), and
+// stop is closed when it must stop at once.
 func (b *Broker) newPipeline(topicName, name string, c *subCounters, h Handler, obs Observer, policy RetryPolicy, sc subConfig,
-	onDeadLetter func(reason string), stop <-chan struct{}) pipeline {
+	onDeadLetter func(reason string, lost bool), stop <-chan struct{}) pipeline {
 	p := pipeline{
 		handler: h, timeout: sc.timeout, policy: policy, dedup: b.dedup, plugins: b.guard,
 		rec: recorder{

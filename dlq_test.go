@@ -188,10 +188,17 @@ type failingStore struct{ *MemoryDeadLetterStore }
 
 func (failingStore) Put(context.Context, DeadLetter) error { return errBoom }
 
-// A dead letter the store keeps refusing is given up only at Close's
-// deadline: counted in DeadLettered and DeadLetterErrors, logged at Error
-// level with every field, and reported to the Observer with the error.
+// A dead letter the store keeps refusing is given up only at Close's (or
+// Unsubscribe's) deadline: counted in DeadLettered and DeadLetterErrors,
+// logged at Error level with every field, reported to the Observer with
+// the error, and returned as lost in the stop's DrainError.
 func TestDeadLetterStoreErrorsAreCountedAndLogged(t *testing.T) {
+	for _, stop := range []string{"Close", "Unsubscribe"} {
+		t.Run(stop, func(t *testing.T) { testDeadLetterStoreErrors(t, stop) })
+	}
+}
+
+func testDeadLetterStoreErrors(t *testing.T, stop string) {
 	bubble(t, func(t *testing.T) {
 		var buf bytes.Buffer
 		var mu = new(syncMutex)
@@ -204,7 +211,7 @@ func TestDeadLetterStoreErrorsAreCountedAndLogged(t *testing.T) {
 		}}
 		b := newTestBroker(t, WithDeadLetterStore(failingStore{NewMemoryDeadLetterStore(0, nil)}),
 			WithRetryPolicy(RetryPolicy{}), WithLogger(logger), WithObserver(obs))
-		_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return errBoom })
+		sub, err := b.Subscribe("t", "s", func(context.Context, Message) error { return errBoom })
 		require.NoError(t, err)
 		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t", Key: "k1"}))
 		time.Sleep(time.Minute)
@@ -214,7 +221,19 @@ func TestDeadLetterStoreErrorsAreCountedAndLogged(t *testing.T) {
 		assert.Equal(t, 1, ss.InFlight)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		assert.NoError(t, b.Close(ctx), "no shutdown dead letter: the message was dead-lettered (exhausted), its Put given up")
+		var stopErr error
+		reason := ReasonShutdown
+		if stop == "Close" {
+			stopErr = b.Close(ctx)
+		} else {
+			stopErr, reason = sub.Unsubscribe(ctx), ReasonUnsubscribed
+		}
+		var de *DrainError
+		require.ErrorAs(t, stopErr, &de, "the message was lost: the stop must say so")
+		assert.Equal(t, DrainError{Reason: reason, Lost: 1, Err: context.DeadlineExceeded}, *de,
+			"no %s dead letter: the message was dead-lettered (exhausted), its Put given up", reason)
+		assert.ErrorIs(t, stopErr, context.DeadlineExceeded)
+		assert.Contains(t, stopErr.Error(), "1 dead letters lost")
 		ss = subStats(t, b, "t", "s")
 		assert.Equal(t, uint64(1), ss.DeadLettered)
 		assert.Equal(t, uint64(1), ss.DeadLetterErrors)

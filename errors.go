@@ -45,24 +45,38 @@ var (
 
 // DrainError is returned by Close and Unsubscribe when their context ended
 // before every queued message was finished: the rest were dead-lettered.
-// It unwraps to the context's error, so errors.Is(err,
-// context.DeadlineExceeded) works; use errors.As to read the count.
+// It is also returned when dead letters were lost during the stop (Lost),
+// the dead-letter store refusing them until the deadline. It unwraps to
+// the context's error, so errors.Is(err, context.DeadlineExceeded) works;
+// use errors.As to read the counts.
 type DrainError struct {
 	Reason       string // ReasonShutdown or ReasonUnsubscribed
-	DeadLettered int    // messages put into the dead-letter store with Reason
+	DeadLettered int    // messages dead-lettered with Reason (lost ones included)
 	// Abandoned is how many of them were running in handlers that had not
 	// returned ShutdownGrace after their context was cancelled: those
 	// handlers were left running, and what they return is logged and
 	// ignored.
 	Abandoned int
-	Err       error // the context's error that cut the drain short
+	// Lost is how many dead letters (with any reason) the store refused
+	// during the stop, until its deadline or for good (ErrDeadLetterRefused):
+	// those messages are in no store and no queue. Each was logged at Error
+	// with every field and is counted in Stats' DeadLetterErrors.
+	Lost int
+	Err  error // the context's error that cut the drain short; nil if it did not end
 }
 
+// Error says how many messages were dead-lettered, abandoned and lost.
 func (e *DrainError) Error() string {
 	s := fmt.Sprintf("broker: drain cut short (%v): %d messages dead-lettered with reason %q",
 		e.Err, e.DeadLettered, e.Reason)
+	if e.Err == nil {
+		s = fmt.Sprintf("broker: stopped: %d messages dead-lettered with reason %q", e.DeadLettered, e.Reason)
+	}
 	if e.Abandoned > 0 {
 		s += fmt.Sprintf(", %d of them in abandoned handlers", e.Abandoned)
+	}
+	if e.Lost > 0 {
+		s += fmt.Sprintf("; %d dead letters lost: the store refused them (logged with every field)", e.Lost)
 	}
 	return s
 }

@@ -54,6 +54,7 @@ func (b *Broker) Close(ctx context.Context) error {
 		close(b.closeDone)
 		return b.closeErr
 	}
+	lostBefore := b.lost.Load()
 	for _, t := range topics {
 		t.q.Close()
 	}
@@ -89,8 +90,8 @@ func (b *Broker) Close(ctx context.Context) error {
 	for _, t := range topics {
 		t.deactivate()
 	}
-	if n := b.shutdownDLs.Load(); n > 0 {
-		b.closeErr = &DrainError{Reason: ReasonShutdown, DeadLettered: int(n), Abandoned: int(b.abandoned.Load()), Err: ctx.Err()}
+	if n, lost := b.shutdownDLs.Load(), b.lost.Load()-lostBefore; n > 0 || lost > 0 {
+		b.closeErr = &DrainError{Reason: ReasonShutdown, DeadLettered: int(n), Abandoned: int(b.abandoned.Load()), Lost: int(lost), Err: ctx.Err()}
 	}
 	close(b.closeDone)
 	return b.closeErr
@@ -151,6 +152,7 @@ func (s *Subscription) endOnce(ctx context.Context, end func() error) error {
 // unsubscribeInMemory is Unsubscribe with the in-memory transport.
 func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 	t := s.t
+	lostBefore := s.lost.Load()
 	t.leave(s) // owed: every message accepted before this call
 	select {
 	case <-s.done:
@@ -192,8 +194,8 @@ func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 		t.kickDispatcher() // it may retire the topic now
 	}
 	t.mu.Unlock()
-	if n := s.unsubDLs.Load(); n > 0 {
-		return &DrainError{Reason: ReasonUnsubscribed, DeadLettered: int(n), Abandoned: int(s.abandoned.Load()), Err: ctx.Err()}
+	if n, lost := s.unsubDLs.Load(), s.lost.Load()-lostBefore; n > 0 || lost > 0 {
+		return &DrainError{Reason: ReasonUnsubscribed, DeadLettered: int(n), Abandoned: int(s.abandoned.Load()), Lost: int(lost), Err: ctx.Err()}
 	}
 	return nil
 }
@@ -221,7 +223,11 @@ func (s *Subscription) countAbandoned() {
 	}
 }
 
-func (s *Subscription) countDeadLetter(reason string) {
+func (s *Subscription) countDeadLetter(reason string, lost bool) {
+	if lost {
+		s.lost.Add(1)
+		s.b.lost.Add(1)
+	}
 	switch reason {
 	case ReasonUnsubscribed:
 		s.unsubDLs.Add(1)

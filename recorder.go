@@ -21,7 +21,7 @@ type recorder struct {
 	log               *slog.Logger
 	dlq               DeadLetterStore
 	newID             func() string // dead-letter IDs
-	onDeadLetter      func(reason string)
+	onDeadLetter      func(reason string, lost bool) // lost: the store refused it for good
 	stop              <-chan struct{} // closed when the subscription must stop at once: a failing Put is given up
 }
 
@@ -146,7 +146,7 @@ func (r *recorder) deadLetterThen(msg *Message, t timing, reason string, f fault
 	if counted != nil {
 		counted()
 	}
-	r.onDeadLetter(reason)
+	r.onDeadLetter(reason, storeErr != nil)
 	if attempted {
 		r.attempted(msg, t, code, retryable, OutcomeDeadLettered, 0, f.err)
 	}

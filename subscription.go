@@ -42,6 +42,7 @@ type Subscription struct {
 	unsubbed  chan struct{} // closed when Unsubscribe finished
 	unsubErr  error         // Unsubscribe's result, set before unsubbed is closed
 	unsubDLs  atomic.Int64  // dead letters with reason "unsubscribed"
+	lost      atomic.Int64  // dead letters the store refused for good
 }
 
 // Topic returns the subscription's topic.

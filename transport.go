@@ -259,7 +259,7 @@ func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy Re
 		remote: &remoteSub{maxAttempts: policy.maxAttempts()},
 	}
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
-	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, func(string) {}, s.ctx.Done())
+	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, func(string, bool) {}, s.ctx.Done())
 	ts, err := r.t.Subscribe(TransportSubscriber{
 		Topic: topicName, Name: name, Concurrency: sc.concurrency, Ordered: sc.ordered,
 		Deliver: s.deliverRemote,
