@@ -20,9 +20,9 @@ type recorder struct {
 	obs               Observer // nil: none
 	log               *slog.Logger
 	dlq               DeadLetterStore
-	newID             func() string // dead-letter IDs
+	newID             func() string                  // dead-letter IDs
 	onDeadLetter      func(reason string, lost bool) // lost: the store refused it for good
-	stop              <-chan struct{} // closed when the subscription must stop at once: a failing Put is given up
+	stop              <-chan struct{}                // closed when the subscription must stop at once: a failing Put is given up
 }
 
 // Retries of a dead letter the store refused.
