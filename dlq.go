@@ -110,8 +110,8 @@ type DeadLetterStore interface {
 // Dead letters sit in a ring in the order they were put, with an index by
 // ID; Delete leaves a hole that is dropped when it reaches the front, or
 // when holes outnumber the dead letters. So a Put allocates nothing in the
-// steady state: a failing subscriber that sheds every message (W7) writes a
-// dead letter per message on the dispatcher's path.
+// steady state: a failing subscriber that sheds every message (W7) has its
+// shedder goroutine put a dead letter per message.
 type MemoryDeadLetterStore struct {
 	capacity int
 	logger   *slog.Logger

@@ -42,7 +42,8 @@ type Observer interface {
 	// Attempted is called after each handler attempt, and once for a
 	// deduplicated message (Attempt 0).
 	Attempted(AttemptEvent)
-	// DeadLettered is called after a dead letter was put into the store.
+	// DeadLettered is called after a dead letter was put into the store, or
+	// given up when the store refused it (DeadLetterEvent.StoreErr).
 	DeadLettered(DeadLetterEvent)
 }
 
@@ -68,10 +69,19 @@ type NopObserver struct{}
 
 var _ Observer = NopObserver{}
 
-func (NopObserver) Published(PublishEvent)       {}
-func (NopObserver) Rejected(RejectEvent)         {}
-func (NopObserver) Unrouted(UnroutedEvent)       {}
-func (NopObserver) Attempted(AttemptEvent)       {}
+// Published does nothing.
+func (NopObserver) Published(PublishEvent) {}
+
+// Rejected does nothing.
+func (NopObserver) Rejected(RejectEvent) {}
+
+// Unrouted does nothing.
+func (NopObserver) Unrouted(UnroutedEvent) {}
+
+// Attempted does nothing.
+func (NopObserver) Attempted(AttemptEvent) {}
+
+// DeadLettered does nothing.
 func (NopObserver) DeadLettered(DeadLetterEvent) {}
 
 // PublishEvent describes an accepted message.

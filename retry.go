@@ -12,7 +12,7 @@ import (
 // method carries its own code; RetryPolicy.ByCode can set a rule for any code.
 //
 // Codes, reasons and outcomes are one taxonomy in three places: a code
-// (DeadLetter.ErrorCode, AttemptEvent.Code) says what the last attempt's
+// (DeadLetter.ErrorCode, AttemptEvent.ErrorCode) says what the last attempt's
 // error was, a reason (DeadLetter.Reason) why the message left the
 // subscriber, and an Outcome what one attempt led to. Codes and reasons
 // are plain strings (a user's ErrorCode() adds codes of its own, and
@@ -282,6 +282,7 @@ type PanicError struct {
 
 func newPanicError(v any) *PanicError { return &PanicError{Value: v, Stack: debug.Stack()} }
 
+// Error says what the handler panicked with.
 func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }
 
 // ErrorCode returns "panic".

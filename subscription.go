@@ -12,8 +12,9 @@ import (
 )
 
 // Subscription is one subscriber on one topic: a name, a handler, a lane of
-// messages routed to it (see lane.go) and its workers. It is created by
-// Subscribe and ended by Unsubscribe or Broker.Close.
+// messages routed to it (queued, running, parked for a retry, or held
+// behind their key) and its workers. It is created by Subscribe and ended
+// by Unsubscribe or Broker.Close.
 type Subscription struct {
 	b         *Broker
 	t         *topic // nil with a transport
