@@ -325,8 +325,13 @@ func (s *Subscription) deliverRemote(d Delivery) {
 	if m.Attempt > rs.maxAttempts {
 		// Delivered more often than any rule allows: earlier attempts
 		// ended without an outcome (the process died during them, or the
-		// transport lost their acknowledgement). It is not run again.
+		// transport lost their acknowledgement). It is not run again. Its
+		// dead letter is exhausted as any: the policy's attempts (at most
+		// rs.maxAttempts ran), retryable; the text says how often it was
+		// delivered.
 		f := brokerFault(CodeError, fmt.Errorf("broker: delivered %d times, more than the %d attempts the policy allows: earlier attempts ended without an outcome", m.Attempt, rs.maxAttempts))
+		f.retryable = true
+		m.Attempt = rs.maxAttempts
 		s.terminate(d, m, timing{}, ReasonExhausted, f, false)
 		return
 	}

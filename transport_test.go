@@ -352,6 +352,12 @@ func TestTransportAttemptBeyondThePolicyIsNotRun(t *testing.T) {
 		dls := deadLetters(t, b)
 		require.Len(t, dls, 1)
 		assert.Contains(t, dls[0].Error, "delivered 4 times")
+		// As any exhausted dead letter: the policy's attempts, retryable.
+		assert.Equal(t, 3, dls[0].Attempts)
+		assert.Equal(t, 3, dls[0].Message.Attempt)
+		assert.True(t, dls[0].Retryable)
+		assert.Equal(t, ReasonExhausted, dls[0].Reason)
+		assert.Equal(t, CodeError, dls[0].ErrorCode)
 		requireConserved(t, b.Stats())
 	})
 }
