@@ -283,6 +283,7 @@ func TestDeadLetterRefusedForGoodIsNotRetried(t *testing.T) {
 		assert.Equal(t, uint64(1), ss.DeadLettered)
 		assert.Equal(t, uint64(1), ss.DeadLetterErrors)
 		requireConserved(t, b.Stats())
+		assert.NoError(t, b.Close(context.Background()), "a loss before the stop is not the stop's (DrainError.Lost)")
 	})
 }
 

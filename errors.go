@@ -60,7 +60,11 @@ type DrainError struct {
 	// Lost is how many dead letters (with any reason) the store refused
 	// during the stop, until its deadline or for good (ErrDeadLetterRefused):
 	// those messages are in no store and no queue. Each was logged at Error
-	// with every field and is counted in Stats' DeadLetterErrors.
+	// with every field and is counted in Stats' DeadLetterErrors. The stop
+	// waits at most ShutdownGrace more for the shedder (WhenLaneFull) to
+	// give up the shed messages it holds; one still in a Put then is only
+	// logged and counted in DeadLetterErrors. With a Transport it is 0:
+	// unfinished messages stay with the transport.
 	Lost int
 	Err  error // the context's error that cut the drain short; nil if it did not end
 }

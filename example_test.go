@@ -301,6 +301,8 @@ func ExampleWhenLaneFull() {
 		publish(i) // o-1 and o-2 fill the webhook's lane; o-3..o-5 do not fit
 	}
 	waitFor(func() bool { return b.Stats().Topics["orders"].Subscribers["billing"].Delivered == 6 })
+	// The webhook's own goroutine stores what it sheds: wait for it too.
+	waitFor(func() bool { return b.Stats().Topics["orders"].Subscribers["webhook"].DeadLettered == 3 })
 	dls, _ := b.DeadLetters().List(context.Background(), broker.DeadLetterFilter{Subscriber: "webhook"})
 	for _, dl := range dls {
 		fmt.Printf("dead letter %s reason=%s\n", dl.Message.ID, dl.Reason)

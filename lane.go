@@ -148,6 +148,7 @@ type lane struct {
 	// done only once it ended.
 	overflowed   fifo.Ring[laneItem]
 	shedding     bool
+	shedDone     chan struct{} // closed when shedding ends (a stop at once waits for it)
 	startShedder func()
 	routed       *atomic.Uint64 // the subscriber's routed count, moved as a message enters (so Stats balance while a push waits)
 
@@ -248,8 +249,20 @@ func (l *lane) overflowLocked(it laneItem) {
 	l.overflowed.Push(it)
 	if !l.shedding {
 		l.shedding = true
+		l.shedDone = make(chan struct{})
 		l.startShedder()
 	}
+}
+
+// shedderDone returns a channel closed when the running shedder has
+// returned; nil when none runs.
+func (l *lane) shedderDone() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.shedding {
+		return nil
+	}
+	return l.shedDone
 }
 
 // takeShed appends to buf up to laneBatch shed messages for the shedder to
@@ -269,6 +282,7 @@ func (l *lane) takeShed(buf []laneItem) []laneItem {
 		l.openRoomLocked()
 	case n == 0:
 		l.shedding = false
+		close(l.shedDone)
 		if l.doneLocked() {
 			l.work.Broadcast() // the workers waited for the shedder
 		}

@@ -183,6 +183,17 @@ func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 			<-s.done
 		}
 		grace.Stop()
+		// The shedder finishes the batch it took before the stop, giving up
+		// at once a put the store fails (a loss): wait for it, within a
+		// grace of its own, so that the DrainError counts those losses.
+		if done := s.lane.shedderDone(); done != nil {
+			wait := time.NewTimer(ShutdownGrace)
+			select {
+			case <-done:
+			case <-wait.C:
+			}
+			wait.Stop()
+		}
 	}
 	s.cancel(errReleased) // no-op after an abort; else marks a graceful end
 	t.mu.Lock()

@@ -171,6 +171,63 @@ func TestShedMessagesAtClose(t *testing.T) {
 	}
 }
 
+// downStore fails every Put, after slow for the messages in it (the
+// shedder's, say): a store that is down.
+type downStore struct {
+	*MemoryDeadLetterStore
+	slow map[string]time.Duration
+}
+
+func (s *downStore) Put(_ context.Context, dl DeadLetter) error {
+	time.Sleep(s.slow[dl.Message.ID])
+	return errBoom
+}
+
+// A stop at once while the store is down loses the dead letters it gives
+// up, the shed ones the shedder still holds included: the stop waits (a
+// grace at most) for the shedder to give them up, and its DrainError counts
+// every one of them in Lost.
+func TestShedderLossesCountedAtAStop(t *testing.T) {
+	for _, stop := range []string{"close", "unsubscribe"} {
+		t.Run(stop, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				store := &downStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil),
+					slow: map[string]time.Duration{"m-3": 100 * time.Millisecond, "m-4": 100 * time.Millisecond}}
+				b, err := New(WithLogger(discard), WithQueueSize(100), WithPublishTimeout(0), WithDeadLetterStore(store))
+				require.NoError(t, err)
+				sub, err := b.Subscribe("t", "stuck", func(ctx context.Context, m Message) error {
+					<-ctx.Done()
+					return nil
+				}, LaneSize(2), WhenLaneFull(DeadLetterNewest))
+				require.NoError(t, err)
+				publishN(t, b, "t", "m", 1) // m-0 runs
+				idle()
+				for i := 1; i < 5; i++ { // m-1 and m-2 wait, the shedder takes m-3 and m-4
+					require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprint("m-", i), Topic: "t"}))
+				}
+				idle()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+				defer cancel()
+				if stop == "unsubscribe" {
+					err = sub.Unsubscribe(ctx)
+				} else {
+					err = b.Close(ctx)
+				}
+				var de *DrainError
+				require.ErrorAs(t, err, &de)
+				assert.Equal(t, 2, de.DeadLettered, "m-1 and m-2 cut off (m-0's handler returned nil)")
+				assert.Equal(t, 4, de.Lost, "m-1 and m-2, and the shed m-3 and m-4: the store refused them all")
+				ss := b.Stats().Topics["t"].Subscribers["stuck"]
+				assert.Equal(t, uint64(4), ss.DeadLetterErrors)
+				requireConserved(t, b.Stats())
+				if stop == "unsubscribe" {
+					require.NoError(t, b.Close(context.Background()))
+				}
+			})
+		})
+	}
+}
+
 // goexitOnceStore ends the goroutine of its first Put with runtime.Goexit
 // (what t.FailNow in a fake store does), before storing.
 type goexitOnceStore struct {

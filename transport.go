@@ -28,7 +28,8 @@ type Transport interface {
 	// subscribers of msg.Topic and returns once it is stored. It returns
 	// an error wrapping ErrQueueFull when the topic has no room by the
 	// time ctx ends (the broker gives it the publish timeout as a
-	// deadline).
+	// deadline); with a publish timeout of 0 ctx has no deadline, and a
+	// full topic fails at once.
 	Publish(ctx context.Context, msg Message) error
 	// Subscribe starts delivering the messages of sub.Topic published
 	// from now on to the subscriber sub.Name, calling sub.Deliver for each
@@ -38,7 +39,9 @@ type Transport interface {
 	Subscribe(sub TransportSubscriber) (TransportSubscription, error)
 	// Redrive hands dl.Message back to the one subscriber dl.Subscriber on
 	// dl.Message.Topic, to be delivered again from attempt 1 with
-	// Delivery.Redriven true.
+	// Delivery.Redriven true. Its ctx is Publish's (the publish timeout as
+	// the deadline, none with a timeout of 0), and a full topic is
+	// answered as there.
 	Redrive(ctx context.Context, dl DeadLetter) error
 	// Close releases the transport. The broker calls it last in Close,
 	// after every subscription stopped.
@@ -194,10 +197,15 @@ func (b *Broker) publishCtx(ctx context.Context) (context.Context, context.Cance
 	if d := b.cfg.publishTimeout; d > 0 {
 		return context.WithTimeout(ctx, d)
 	}
-	pctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
-	return pctx, func() { stop(); cancel(nil) }
+	return noDeadline{ctx}, func() {}
 }
+
+// noDeadline is ctx without its deadline: its cancellation, error, cause
+// and values are ctx's.
+type noDeadline struct{ context.Context }
+
+// Deadline reports none.
+func (noDeadline) Deadline() (time.Time, bool) { return time.Time{}, false }
 
 // remoteOutcome records what the transport answered for msg (err), as
 // Publish does, and returns Publish's error.

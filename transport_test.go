@@ -24,6 +24,7 @@ type fakeTransport struct {
 	redrives []DeadLetter
 	closed   bool
 	full     bool          // Publish answers ErrQueueFull
+	hang     bool          // Publish and Redrive wait for ctx to end and return its error
 	every    time.Duration // KeepAliveEvery of its deliveries
 }
 
@@ -63,6 +64,10 @@ func (tr *fakeTransport) Publish(ctx context.Context, msg Message) error {
 	defer tr.mu.Unlock()
 	if tr.full {
 		return waitFull(ctx)
+	}
+	if tr.hang {
+		<-ctx.Done()
+		return ctx.Err()
 	}
 	for _, s := range tr.subs[msg.Topic] {
 		m := msg
@@ -112,6 +117,10 @@ func (tr *fakeTransport) Redrive(ctx context.Context, dl DeadLetter) error {
 	defer tr.mu.Unlock()
 	if tr.full {
 		return waitFull(ctx)
+	}
+	if tr.hang {
+		<-ctx.Done()
+		return ctx.Err()
 	}
 	tr.redrives = append(tr.redrives, dl)
 	for _, s := range tr.subs[dl.Message.Topic] {
@@ -520,6 +529,38 @@ func TestTransportFullGivesErrQueueFull(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestTransportTimeoutZeroHonoursCaller: with a publish timeout of 0 the
+// transport's ctx has no deadline but is still the caller's: it ends when
+// the caller's deadline passes, with the caller's error, for Publish and
+// Redrive alike.
+func TestTransportTimeoutZeroHonoursCaller(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		tr := newFakeTransport()
+		b := newTransportBroker(t, tr, WithPublishTimeout(0))
+		_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return Permanent(errors.New("no")) })
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "dl", Topic: "t"}))
+		idle()
+		dls := deadLetters(t, b)
+		require.Len(t, dls, 1)
+		tr.mu.Lock()
+		tr.hang = true
+		tr.mu.Unlock()
+		for _, op := range []string{"Publish", "Redrive"} {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+			start := time.Now()
+			if op == "Publish" {
+				err = b.Publish(ctx, Message{ID: "m", Topic: "t"})
+			} else {
+				_, err = b.Redrive(ctx, dls[0].ID)
+			}
+			cancel()
+			assert.ErrorIs(t, err, context.DeadlineExceeded, op)
+			assert.Equal(t, 30*time.Millisecond, time.Since(start), op)
+		}
+	})
 }
 
 func TestTransportRunsMiddlewareAndHooks(t *testing.T) {

@@ -230,7 +230,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // routed reports whether the mux has a route for r's path: for r's method,
 // or for another (then the mux answers 405 with Allow). An unknown path
 // gets the handler's own error page (or JSON under api/), not the mux's
-// plain-text 404.
+// plain-text 404. The routes use GET (HEAD with it) and POST only: a route
+// with another method must be added to the list below.
 func (h *Handler) routed(r *http.Request) bool {
 	if _, pattern := h.mux.Handler(r); pattern != "" {
 		return true

@@ -95,7 +95,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, api bool, status 
 		writeJSON(w, status, map[string]string{"error": msg})
 		return
 	}
-	root := strings.Repeat("../", strings.Count(strings.TrimPrefix(r.URL.Path, "/"), "/"))
+	root := strings.Repeat("../", strings.Count(strings.TrimPrefix(r.URL.EscapedPath(), "/"), "/")) // an ID may hold %2F
 	p := page{AppTitle: h.opts.Title, Title: http.StatusText(status), Page: "error", Root: root, AllowActions: h.opts.AllowActions}
 	h.render(w, status, "error", errorPage{page: p, Status: status, Message: msg})
 }

@@ -194,9 +194,6 @@ func TestStaticAssets(t *testing.T) {
 	}
 }
 
-// TestMounts: mounted at the root or under a prefix (with or without the
-// prefix's trailing slash stripped), every link of every page leads to a
-// page of the handler, and actions redirect back under the prefix.
 // TestUnknownPaths: a path the handler has no route for gets its own error
 // page (JSON under api/), 404 and no-store, not the mux's plain text; a
 // known path asked with the wrong method still gets 405 with Allow.
@@ -210,6 +207,7 @@ func TestUnknownPaths(t *testing.T) {
 	}{
 		{http.MethodGet, "/nope", http.StatusNotFound, "text/html", `data-page="error"`},
 		{http.MethodGet, "/deadletters/", http.StatusNotFound, "text/html", `href="../static/app.css"`},
+		{http.MethodGet, "/deadletters/a%2Fb", http.StatusNotFound, "text/html", `href="../static/app.css"`}, // an unknown ID with a slash
 		{http.MethodGet, "/a/b/c", http.StatusNotFound, "text/html", `href="../../static/app.css"`},
 		{http.MethodPost, "/nope", http.StatusNotFound, "text/html", "no such page: /nope"},
 		{http.MethodGet, "/api/nope", http.StatusNotFound, "application/json", `"error":"admin: no such page: /api/nope"`},
@@ -231,6 +229,9 @@ func TestUnknownPaths(t *testing.T) {
 	}
 }
 
+// TestMounts: mounted at the root or under a prefix (with or without the
+// prefix's trailing slash stripped), every link of every page leads to a
+// page of the handler, and actions redirect back under the prefix.
 func TestMounts(t *testing.T) {
 	tests := []struct {
 		name  string
