@@ -42,11 +42,12 @@ type Broker struct {
 	guard  guard
 	panics *atomic.Uint64 // panics of plugged-in code (the logger's included), recovered
 
-	closeDone   chan struct{} // closed when the first Close returned
-	closeErr    error         // the first Close's result, set before closeDone is closed
-	shutdownDLs atomic.Int64  // dead letters with reason "shutdown"
-	abandoned   atomic.Int64  // handlers Close abandoned
-	lost        atomic.Int64  // dead letters the store refused for good
+	closeDone   chan struct{}  // closed when the first Close returned
+	closeErr    error          // the first Close's result, set before closeDone is closed
+	shutdownDLs atomic.Int64   // dead letters with reason "shutdown"
+	abandoned   atomic.Int64   // handlers Close abandoned
+	lost        atomic.Int64   // dead letters the store refused for good
+	unsubs      sync.WaitGroup // Unsubscribes begun before Close (startUnsubscribe)
 
 	remote *remote // the transport's side, when one was given (WithTransport); nil: in-memory
 
@@ -281,7 +282,13 @@ func (b *Broker) redriveOne(ctx context.Context, id string) error {
 		}
 		return fmt.Errorf("%w: redrive %q: %q on topic %q is unsubscribing", ErrSubscriberNotFound, id, dl.Subscriber, dl.Message.Topic)
 	case queue.ErrStopped:
-		return fmt.Errorf("broker: redrive %q: %w", id, ctx.Err())
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("broker: redrive %q: %w", id, err)
+		}
+		if b.closed.Load() {
+			return fmt.Errorf("%w: redrive %q", ErrClosed, id)
+		}
+		return fmt.Errorf("%w: redrive %q: %q on topic %q stopped while Redrive waited for room in its lane", ErrSubscriberNotFound, id, dl.Subscriber, dl.Message.Topic)
 	default:
 		return fmt.Errorf("%w: redrive %q: lane of %q on topic %q stayed full", ErrQueueFull, id, dl.Subscriber, dl.Message.Topic)
 	}

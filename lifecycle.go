@@ -29,6 +29,9 @@ const ShutdownGrace = 250 * time.Millisecond
 // that may outlive Close. Otherwise every goroutine of the broker has ended
 // when Close returns, and no attempt starts after it.
 //
+// Close also waits for the Unsubscribes begun before it, so that no dead
+// letter of theirs comes after it returns.
+//
 // Close must not be called from a handler of this broker without a
 // deadline: it would wait for that handler to return. Calling Close again
 // is safe: it waits for the first call to finish (or ctx to end) and
@@ -85,7 +88,13 @@ func (b *Broker) Close(ctx context.Context) error {
 			<-drained // the workers left return at once: their contexts are cancelled
 		}
 		grace.Stop()
+		for _, t := range topics {
+			for _, s := range t.activeSubs() {
+				s.waitCut() // an Unsubscribe racing Close may be cutting it off
+			}
+		}
 	}
+	b.waitUnsubscribes()
 	b.abort(errShutdown) // release the context's resources
 	for _, t := range topics {
 		t.deactivate()
@@ -118,8 +127,10 @@ func (b *Broker) Close(ctx context.Context) error {
 // this subscription's handlers without a deadline: it would wait for that
 // handler to return (start it in a goroutine instead).
 //
-// Calling Unsubscribe again, or after Close, is safe: it waits for the first
-// call to finish (or ctx to end) and returns the first call's result.
+// Calling Unsubscribe again is safe: it waits for the first call to finish
+// (or ctx to end) and returns the first call's result. Called once Close
+// began, it is a second Close: it waits for Close (or ctx) and returns
+// Close's result.
 func (s *Subscription) Unsubscribe(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
@@ -152,10 +163,25 @@ func (s *Subscription) endOnce(ctx context.Context, end func() error) error {
 // unsubscribeInMemory is Unsubscribe with the in-memory transport.
 func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 	t := s.t
+	if s.b.startUnsubscribe() {
+		// Close began first: it stops this subscription with the rest, and
+		// this call is a second Close (SPEC: the same result).
+		select {
+		case <-s.b.closeDone:
+			return s.b.closeErr
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	defer s.b.unsubs.Done()
 	lostBefore := s.lost.Load()
 	t.leave(s) // owed: every message accepted before this call
 	select {
 	case <-s.done:
+		if stoppedAtOnce(s.ctx) { // Close's deadline passed meanwhile: its dead letters end before this returns
+			s.stopNow()
+			s.waitCut()
+		}
 	case <-ctx.Done():
 		s.cancel(errUnsubscribed)
 		s.stopNow()
@@ -183,6 +209,7 @@ func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 			<-s.done
 		}
 		grace.Stop()
+		s.waitCut() // Close may be cutting it off too
 		// The shedder finishes the batch it took before the stop, giving up
 		// at once a put the store fails (a loss): wait for it, within a
 		// grace of its own, so that the DrainError counts those losses.
@@ -214,7 +241,14 @@ func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 // stopNow dead-letters every message waiting in the lane, after its
 // context was cancelled with the reason: the workers return after their
 // current attempt.
+//
+// The first call (Close's or Unsubscribe's) does it; a later one returns
+// at once (see waitCut).
 func (s *Subscription) stopNow() {
+	if !s.cutting.CompareAndSwap(false, true) {
+		return
+	}
+	defer close(s.cut)
 	items, overflowed := s.lane.stop(func(n int) { s.c.inFlight.Add(int64(n)) })
 	for i := range overflowed {
 		s.overflowed(&overflowed[i])
@@ -224,6 +258,40 @@ func (s *Subscription) stopNow() {
 		s.c.inFlight.Add(-1)
 	}
 }
+
+// waitCut waits, ShutdownGrace at most (a plug-in the cut-off calls may
+// itself be waiting for the caller), until a stop at once that began has
+// cut the lane off, so that none of its dead letters comes after the
+// caller returns.
+func (s *Subscription) waitCut() {
+	if !s.cutting.Load() {
+		return
+	}
+	t := time.NewTimer(ShutdownGrace)
+	defer t.Stop()
+	select {
+	case <-s.cut:
+	case <-t.C:
+	}
+}
+
+// startUnsubscribe counts an Unsubscribe in progress for Close to wait for
+// (waitUnsubscribes), unless Close began: it reports whether Close began.
+func (b *Broker) startUnsubscribe() (closing bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return true
+	}
+	b.unsubs.Add(1)
+	return false
+}
+
+// waitUnsubscribes waits for the Unsubscribes that began before Close, so
+// that none of their dead letters comes after Close returns. Each ends
+// within its own context and ShutdownGrace, and soon once Close stopped
+// every subscription.
+func (b *Broker) waitUnsubscribes() { b.unsubs.Wait() }
 
 // countAbandoned counts a handler a stop abandoned, for its DrainError.
 func (s *Subscription) countAbandoned() {

@@ -172,7 +172,10 @@ func Concurrency(n int) SubscribeOption {
 // LaneSize sets the capacity of the subscriber's lane, the messages routed
 // to it that no worker runs now — queued, held behind their key, or parked
 // until a retry (1 <= n <= MaxQueueSize; default the broker's queue size).
-// WhenLaneFull says what happens to a message that does not fit.
+// WhenLaneFull says what happens to a message that does not fit. The
+// dispatcher adds only below n; a running message that fails parks even
+// in a full lane (a retry is never dropped), so the lane may hold up to
+// n + Concurrency messages until those retries run.
 func LaneSize(n int) SubscribeOption {
 	return func(c *subConfig) error {
 		if n < 1 || n > MaxQueueSize {

@@ -67,9 +67,13 @@ type timing struct {
 
 func (r *recorder) attempted(msg *Message, t timing, code string, retryable bool, out Outcome, delay time.Duration, err error) {
 	if r.obs != nil {
+		attempt := msg.Attempt
+		if out == OutcomeDeduplicated {
+			attempt = 0 // also for a retry found delivered by another copy meanwhile
+		}
 		r.obs.Attempted(AttemptEvent{
 			Topic: r.topic, Subscriber: r.subscriber, MessageID: msg.ID,
-			Attempt: msg.Attempt, Start: t.start, Duration: t.d, ErrorCode: code, Retryable: retryable,
+			Attempt: attempt, Start: t.start, Duration: t.d, ErrorCode: code, Retryable: retryable,
 			Outcome: out, Delay: delay, PublishedAt: msg.PublishedAt, Err: err,
 		})
 	}

@@ -39,6 +39,8 @@ type Subscription struct {
 	ws        map[*worker]struct{}
 	abandoned atomic.Int64  // handlers an Unsubscribe abandoned
 	done      chan struct{} // closed when the last worker returned
+	cutting   atomic.Bool   // a stop at once is cutting its lane off (stopNow)
+	cut       chan struct{} // closed when it has
 	unsubOnce sync.Once
 	unsubbed  chan struct{} // closed when Unsubscribe finished
 	unsubErr  error         // Unsubscribe's result, set before unsubbed is closed
@@ -104,6 +106,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	s := &Subscription{
 		b: b, t: t, topicName: topicName, name: name, c: c, workers: sc.concurrency,
 		done:     make(chan struct{}),
+		cut:      make(chan struct{}),
 		unsubbed: make(chan struct{}),
 		left:     make(chan struct{}),
 		ws:       make(map[*worker]struct{}),
@@ -204,9 +207,11 @@ func (s *Subscription) route(it laneItem, noShed bool, cancel <-chan struct{}, d
 	if err == queue.ErrFull {
 		err = s.lane.pushWait(it, noShed, s.ctx.Done(), cancel, deadline, before, after)
 	}
-	if err != nil && err != queue.ErrTimeout && !s.removed.Load() && stoppedAtOnce(s.ctx) {
+	if err != nil && err != queue.ErrTimeout && !it.redriven && !s.removed.Load() && stoppedAtOnce(s.ctx) {
 		// Stopped at once while this message was on its way: it is this
 		// subscriber's, so it ends as a dead letter rather than vanishing.
+		// (A redriven one is not: its dead letter stays in the store, and
+		// Redrive says the subscriber stopped.)
 		s.cutOffUnrouted(&it)
 		return nil
 	}
