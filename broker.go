@@ -42,12 +42,14 @@ type Broker struct {
 	guard  guard
 	panics *atomic.Uint64 // panics of plugged-in code (the logger's included), recovered
 
-	closeDone   chan struct{}  // closed when the first Close returned
-	closeErr    error          // the first Close's result, set before closeDone is closed
-	shutdownDLs atomic.Int64   // dead letters with reason "shutdown"
-	abandoned   atomic.Int64   // handlers Close abandoned
-	lost        atomic.Int64   // dead letters the store refused for good
-	unsubs      sync.WaitGroup // Unsubscribes begun before Close (startUnsubscribe)
+	closeDone   chan struct{} // closed when the first Close returned
+	closeErr    error         // the first Close's result, set before closeDone is closed
+	shutdownDLs atomic.Int64  // dead letters with reason "shutdown"
+	abandoned   atomic.Int64  // handlers Close abandoned
+	lost        atomic.Int64  // dead letters the store refused for good
+	unsubMu     sync.Mutex    // guards the two below
+	unsubs      int           // Unsubscribes in progress (startUnsubscribe)
+	unsubsIdle  chan struct{} // closed when unsubs drops to 0, for Close to wait
 
 	remote *remote // the transport's side, when one was given (WithTransport); nil: in-memory
 

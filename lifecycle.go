@@ -29,8 +29,8 @@ const ShutdownGrace = 250 * time.Millisecond
 // that may outlive Close. Otherwise every goroutine of the broker has ended
 // when Close returns, and no attempt starts after it.
 //
-// Close also waits for the Unsubscribes begun before it, so that no dead
-// letter of theirs comes after it returns.
+// Close also waits for the Unsubscribes in progress, so that no dead letter
+// of theirs comes after it returns.
 //
 // Close must not be called from a handler of this broker without a
 // deadline: it would wait for that handler to return. Calling Close again
@@ -127,10 +127,11 @@ func (b *Broker) Close(ctx context.Context) error {
 // this subscription's handlers without a deadline: it would wait for that
 // handler to return (start it in a goroutine instead).
 //
-// Calling Unsubscribe again is safe: it waits for the first call to finish
-// (or ctx to end) and returns the first call's result. Called once Close
-// began, it is a second Close: it waits for Close (or ctx) and returns
-// Close's result.
+// Calling Unsubscribe again, or after Close, is safe: it waits for the first
+// call to finish (or ctx to end) and returns the first call's result. While
+// Close runs it stops the subscription as usual (by its own ctx); if Close
+// stops it at once first, it returns once Close has dead-lettered the
+// subscription's messages (counted in Close's DrainError, not its own).
 func (s *Subscription) Unsubscribe(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background()
@@ -163,17 +164,8 @@ func (s *Subscription) endOnce(ctx context.Context, end func() error) error {
 // unsubscribeInMemory is Unsubscribe with the in-memory transport.
 func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 	t := s.t
-	if s.b.startUnsubscribe() {
-		// Close began first: it stops this subscription with the rest, and
-		// this call is a second Close (SPEC: the same result).
-		select {
-		case <-s.b.closeDone:
-			return s.b.closeErr
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	defer s.b.unsubs.Done()
+	s.b.startUnsubscribe()
+	defer s.b.endUnsubscribe()
 	lostBefore := s.lost.Load()
 	t.leave(s) // owed: every message accepted before this call
 	select {
@@ -275,23 +267,40 @@ func (s *Subscription) waitCut() {
 	}
 }
 
-// startUnsubscribe counts an Unsubscribe in progress for Close to wait for
-// (waitUnsubscribes), unless Close began: it reports whether Close began.
-func (b *Broker) startUnsubscribe() (closing bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed.Load() {
-		return true
-	}
-	b.unsubs.Add(1)
-	return false
+// startUnsubscribe counts an Unsubscribe in progress, for Close to wait
+// for (waitUnsubscribes); endUnsubscribe counts it done.
+func (b *Broker) startUnsubscribe() {
+	b.unsubMu.Lock()
+	b.unsubs++
+	b.unsubMu.Unlock()
 }
 
-// waitUnsubscribes waits for the Unsubscribes that began before Close, so
-// that none of their dead letters comes after Close returns. Each ends
-// within its own context and ShutdownGrace, and soon once Close stopped
-// every subscription.
-func (b *Broker) waitUnsubscribes() { b.unsubs.Wait() }
+func (b *Broker) endUnsubscribe() {
+	b.unsubMu.Lock()
+	defer b.unsubMu.Unlock()
+	if b.unsubs--; b.unsubs == 0 && b.unsubsIdle != nil {
+		close(b.unsubsIdle)
+		b.unsubsIdle = nil
+	}
+}
+
+// waitUnsubscribes waits until no Unsubscribe is in progress, so that none
+// of their dead letters comes after Close returns. Each ends within its own
+// context and ShutdownGrace, and soon once Close stopped every
+// subscription.
+func (b *Broker) waitUnsubscribes() {
+	b.unsubMu.Lock()
+	if b.unsubs == 0 {
+		b.unsubMu.Unlock()
+		return
+	}
+	if b.unsubsIdle == nil {
+		b.unsubsIdle = make(chan struct{})
+	}
+	idle := b.unsubsIdle
+	b.unsubMu.Unlock()
+	<-idle
+}
 
 // countAbandoned counts a handler a stop abandoned, for its DrainError.
 func (s *Subscription) countAbandoned() {
