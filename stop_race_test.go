@@ -63,17 +63,24 @@ func (r *stopRig) quiet(t *testing.T, who string) {
 	assert.Equal(t, n, r.events.Load(), "events after %s returned", who)
 }
 
+// within5ms starts stop with a context of 5 ms and returns what it will
+// return.
+func within5ms(stop func(context.Context) error) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+		defer cancel()
+		done <- stop(ctx)
+	}()
+	return done
+}
+
 func TestCloseAndUnsubscribeTogether(t *testing.T) {
 	t.Run("Unsubscribe at once, then Close", func(t *testing.T) {
 		bubble(t, func(t *testing.T) {
 			r := newStopRig(t)
 			idle()
-			done := make(chan error, 1)
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
-				defer cancel()
-				done <- r.sub.Unsubscribe(ctx)
-			}()
+			done := within5ms(r.sub.Unsubscribe)
 			idle() // Unsubscribe waits for its deadline
 			require.NoError(t, r.b.Close(context.Background()), "Close waited for the Unsubscribe begun before it")
 			r.quiet(t, "Close")
@@ -88,12 +95,7 @@ func TestCloseAndUnsubscribeTogether(t *testing.T) {
 		bubble(t, func(t *testing.T) {
 			r := newStopRig(t)
 			idle()
-			done := make(chan error, 1)
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
-				defer cancel()
-				done <- r.b.Close(ctx)
-			}()
+			done := within5ms(r.b.Close)
 			idle() // Close waits for its deadline
 			// Close's deadline passes while it waits: Close dead-letters the
 			// subscription's messages, and Unsubscribe returns after that.

@@ -477,6 +477,21 @@ func TestTransportRefusesLaneOptions(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidOption)
 }
 
+// brokerWithDeadLetter is a broker over a fake transport, with opts, whose
+// subscriber s of topic t has dead-lettered one message.
+func brokerWithDeadLetter(t *testing.T, opts ...Option) (*fakeTransport, *Broker, DeadLetter) {
+	t.Helper()
+	tr := newFakeTransport()
+	b := newTransportBroker(t, tr, opts...)
+	_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return Permanent(errors.New("no")) })
+	require.NoError(t, err)
+	require.NoError(t, b.Publish(context.Background(), Message{ID: "dl", Topic: "t"}))
+	idle()
+	dls := deadLetters(t, b)
+	require.Len(t, dls, 1)
+	return tr, b, dls[0]
+}
+
 // TestTransportFullGivesErrQueueFull: over a transport, Publish and
 // Redrive wait for room for the publish timeout, whatever the caller's
 // later deadline, and with a timeout of 0 fail at once (as the in-memory
@@ -495,17 +510,11 @@ func TestTransportFullGivesErrQueueFull(t *testing.T) {
 		for _, op := range []string{"Publish", "Redrive"} {
 			t.Run(fmt.Sprintf("%s/timeout=%v/deadline=%v", op, tt.timeout, tt.callerDeadline), func(t *testing.T) {
 				bubble(t, func(t *testing.T) {
-					tr := newFakeTransport()
-					b := newTransportBroker(t, tr, WithPublishTimeout(tt.timeout))
-					_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return Permanent(errors.New("no")) })
-					require.NoError(t, err)
-					require.NoError(t, b.Publish(context.Background(), Message{ID: "dl", Topic: "t"}))
-					idle()
-					dls := deadLetters(t, b)
-					require.Len(t, dls, 1)
+					tr, b, dl := brokerWithDeadLetter(t, WithPublishTimeout(tt.timeout))
 					tr.mu.Lock()
 					tr.full = true
 					tr.mu.Unlock()
+					var err error
 					ctx := context.Background()
 					if tt.callerDeadline > 0 {
 						var cancel context.CancelFunc
@@ -516,7 +525,7 @@ func TestTransportFullGivesErrQueueFull(t *testing.T) {
 					if op == "Publish" {
 						err = b.Publish(ctx, Message{ID: "m", Topic: "t"})
 					} else {
-						_, err = b.Redrive(ctx, dls[0].ID)
+						_, err = b.Redrive(ctx, dl.ID)
 					}
 					require.ErrorIs(t, err, ErrQueueFull)
 					assert.Equal(t, tt.want, time.Since(start))
@@ -537,24 +546,18 @@ func TestTransportFullGivesErrQueueFull(t *testing.T) {
 // Redrive alike.
 func TestTransportTimeoutZeroHonoursCaller(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		tr := newFakeTransport()
-		b := newTransportBroker(t, tr, WithPublishTimeout(0))
-		_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return Permanent(errors.New("no")) })
-		require.NoError(t, err)
-		require.NoError(t, b.Publish(context.Background(), Message{ID: "dl", Topic: "t"}))
-		idle()
-		dls := deadLetters(t, b)
-		require.Len(t, dls, 1)
+		tr, b, dl := brokerWithDeadLetter(t, WithPublishTimeout(0))
 		tr.mu.Lock()
 		tr.hang = true
 		tr.mu.Unlock()
+		var err error
 		for _, op := range []string{"Publish", "Redrive"} {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 			start := time.Now()
 			if op == "Publish" {
 				err = b.Publish(ctx, Message{ID: "m", Topic: "t"})
 			} else {
-				_, err = b.Redrive(ctx, dls[0].ID)
+				_, err = b.Redrive(ctx, dl.ID)
 			}
 			cancel()
 			assert.ErrorIs(t, err, context.DeadlineExceeded, op)
