@@ -143,7 +143,11 @@ type subCounters struct {
 	dlErrors     atomic.Uint64
 	inFlight     atomic.Int64 // being dead-lettered outside the lane (shed, or stopped); the workers' are in the lane
 	blocked      atomic.Int64 // nanoseconds the topic's dispatcher waited for room in the lane
-	_            [cacheLine - 8]byte
+	// handedBack counts, over a transport, the messages this process handed
+	// back for a retry (or at a stop) and has not been delivered again:
+	// per name, so that a later subscription of the name takes them up.
+	handedBack atomic.Int64
+	_          [cacheLine - 8]byte
 }
 
 // cacheLine is the size padding assumes (64 bytes on amd64 and arm64).

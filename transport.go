@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -62,6 +61,12 @@ type TransportSubscriber struct {
 	// acknowledged, handed back for a retry, or terminated — or, when
 	// the subscription is stopping, handed back at once (Retry(0)).
 	Deliver func(d Delivery)
+	// Stopping is closed when the subscription must stop at once (its
+	// Unsubscribe's or Close's deadline passed): Deliver then hands every
+	// delivery back unstarted, and the transport may skip work of its own
+	// for them (a lookup before Deliver, say). It is also closed once the
+	// subscription ended.
+	Stopping <-chan struct{}
 }
 
 // TransportSubscription is a running subscription of a Transport.
@@ -161,8 +166,7 @@ func (r *remote) topicLocked(name string) *remoteTopic {
 // remoteSub is the transport's part of a Subscription.
 type remoteSub struct {
 	ts          TransportSubscription
-	maxAttempts int          // the most attempts any code's rule allows
-	parked      atomic.Int64 // handed back for a retry and not delivered here again
+	maxAttempts int // the most attempts any code's rule allows
 }
 
 // Transport returns the transport the broker was built with
@@ -270,7 +274,7 @@ func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy Re
 	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, func(string, bool) {}, s.ctx.Done())
 	ts, err := r.t.Subscribe(TransportSubscriber{
 		Topic: topicName, Name: name, Concurrency: sc.concurrency, Ordered: sc.ordered,
-		Deliver: s.deliverRemote,
+		Deliver: s.deliverRemote, Stopping: s.ctx.Done(),
 	})
 	if err != nil {
 		s.cancel(errReleased)
@@ -308,6 +312,10 @@ func (s *Subscription) deliverRemote(d Delivery) {
 	if msg.Attempt < 1 {
 		msg.Attempt = 1
 	}
+	if s.ctx.Err() != nil { // stopping at once: it stays with the transport, no store asked
+		s.handBack(d)
+		return
+	}
 	if s.pipe.ids != nil { // one ID at a time: a copy waiting here then finds it delivered
 		if !s.pipe.ids.acquire(s.ctx, msg.ID) {
 			s.handBack(d) // stopping at once
@@ -325,7 +333,7 @@ func (s *Subscription) deliverRemote(d Delivery) {
 			return
 		}
 	}
-	if s.ctx.Err() != nil { // stopping at once: it stays with the transport
+	if s.ctx.Err() != nil { // stopped at once during the dedup check
 		s.handBack(d)
 		return
 	}
@@ -370,19 +378,20 @@ func (s *Subscription) deliverRemote(d Delivery) {
 		return
 	}
 	s.pipe.rec.retrying(m, st.took, st.delay, st.fault)
-	rs.parked.Add(1)
+	s.c.handedBack.Add(1)
 	s.tell("Retry", d.Retry(st.delay))
 }
 
-// unpark counts a retry delivered back to this process; false if none was
-// waiting here (another process, or an earlier run, asked for it).
+// unpark counts a retry delivered back to this process (to any
+// subscription of the name); false if none was waiting here (another
+// process, or an earlier run, asked for it).
 func (s *Subscription) unpark() bool {
 	for {
-		n := s.remote.parked.Load()
+		n := s.c.handedBack.Load()
 		if n <= 0 {
 			return false
 		}
-		if s.remote.parked.CompareAndSwap(n, n-1) {
+		if s.c.handedBack.CompareAndSwap(n, n-1) {
 			return true
 		}
 	}
@@ -391,7 +400,7 @@ func (s *Subscription) unpark() bool {
 // handBack returns d to the transport at once, unfinished: counted as
 // queued there.
 func (s *Subscription) handBack(d Delivery) {
-	s.remote.parked.Add(1)
+	s.c.handedBack.Add(1)
 	s.tell("Retry", d.Retry(0))
 }
 
@@ -537,10 +546,13 @@ func (b *Broker) statsRemote(st *Stats) {
 		}
 		for sub, c := range rt.tally.subs {
 			ss := c.snapshot()
+			// Handed back and not delivered here again: queued with the
+			// transport, also once the name left (so Stats still add up;
+			// another process may have finished them).
+			ss.Queued = int(max(c.handedBack.Load(), 0))
+			ss.Parked = ss.Queued
 			if s := rt.active[sub]; s != nil {
 				ss.Active, ss.Concurrency, ss.Breaker = true, s.workers, BreakerNone
-				ss.Queued = int(max(s.remote.parked.Load(), 0))
-				ss.Parked = ss.Queued
 				if s.pipe.budget != nil {
 					ss.RetryBudgetLeft = s.pipe.budget.left(time.Now())
 				}

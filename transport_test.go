@@ -25,6 +25,7 @@ type fakeTransport struct {
 	closed   bool
 	full     bool          // Publish answers ErrQueueFull
 	hang     bool          // Publish and Redrive wait for ctx to end and return its error
+	drain    bool          // a stopping subscription still delivers what it queued (as natsjs's inbox does)
 	every    time.Duration // KeepAliveEvery of its deliveries
 }
 
@@ -82,17 +83,31 @@ func (tr *fakeTransport) Subscribe(sub TransportSubscriber) (TransportSubscripti
 		return nil, fmt.Errorf("%w: fake: no Ordered", ErrInvalidOption)
 	}
 	s := &fakeSub{tr: tr, sub: sub, q: make(chan *fakeDelivery, 1024), stop: make(chan struct{})}
+	tr.mu.Lock()
+	drain := tr.drain
+	tr.mu.Unlock()
+	deliver := func(d *fakeDelivery) {
+		sub.Deliver(d)
+		if !d.done.Load() {
+			panic("the broker returned from Deliver without Ack, Retry or Terminate")
+		}
+	}
 	for range sub.Concurrency {
 		s.wg.Go(func() {
 			for {
 				select {
 				case <-s.stop:
+					for drain {
+						select {
+						case d := <-s.q:
+							deliver(d)
+						default:
+							return
+						}
+					}
 					return
 				case d := <-s.q:
-					sub.Deliver(d)
-					if !d.done.Load() {
-						panic("the broker returned from Deliver without Ack, Retry or Terminate")
-					}
+					deliver(d)
 				}
 			}
 		})
@@ -475,6 +490,52 @@ func TestTransportRefusesLaneOptions(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidOption)
 	_, err = New(WithTransport((*fakeTransport)(nil)))
 	require.ErrorIs(t, err, ErrInvalidOption)
+}
+
+// A stop at once hands the messages not finished back to the transport;
+// Stats count them queued there (handed back) also once the name left, so
+// they still add up; a later subscription of the name that gets them again
+// takes them up without routing them twice.
+func TestTransportHandedBackStayCounted(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		tr := newFakeTransport()
+		tr.drain = true // what it queued reaches the broker while it stops: handed back
+		b := newTransportBroker(t, tr)
+		sub, err := b.Subscribe("t", "s", func(ctx context.Context, _ Message) error {
+			<-ctx.Done()
+			return nil
+		})
+		require.NoError(t, err)
+		tr.mu.Lock()
+		fs := tr.subs["t"][0]
+		tr.mu.Unlock()
+		for i := range 4 { // m-0 runs; the rest wait in the fake's queue
+			fs.q <- &fakeDelivery{s: fs, msg: Message{ID: fmt.Sprint("m-", i), Topic: "t", Attempt: 1}}
+		}
+		idle()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+		defer cancel()
+		require.NoError(t, sub.Unsubscribe(ctx))
+		ss := subStats(t, b, "t", "s")
+		assert.False(t, ss.Active)
+		assert.Equal(t, 3, ss.Queued, "m-1..m-3 unstarted (m-0's handler returned nil): handed back, with the transport")
+		requireConserved(t, b.Stats())
+
+		queued := ss.Queued
+		_, err = b.Subscribe("t", "s", func(context.Context, Message) error { return nil })
+		require.NoError(t, err)
+		tr.mu.Lock()
+		fs = tr.subs["t"][0]
+		tr.mu.Unlock()
+		for i := range queued { // delivered again: attempt 2
+			fs.q <- &fakeDelivery{s: fs, msg: Message{ID: fmt.Sprint("again-", i), Topic: "t", Attempt: 2}}
+		}
+		idle()
+		ss = subStats(t, b, "t", "s")
+		assert.Zero(t, ss.Queued)
+		assert.Equal(t, uint64(4), ss.Routed, "routed once each")
+		requireConserved(t, b.Stats())
+	})
 }
 
 // brokerWithDeadLetter is a broker over a fake transport, with opts, whose

@@ -498,7 +498,7 @@ func (l *partitionLoop) start() {
 	go func() { // ends when Deliver returns
 		defer s.running.Done()
 		defer func() { <-s.slots }()
-		if d.check && l.deadLettered(d) {
+		if d.check && !l.stoppingAtOnce() && l.deadLettered(d) { // stopping: Deliver hands it back unstarted
 			return
 		}
 		start := time.Now()
@@ -581,7 +581,7 @@ func (l *partitionLoop) handle(m *nats.Msg) {
 		l.queue = append(l.queue, d) // looked up when it starts: the loop must not wait on the store
 		return
 	}
-	if d.check && l.deadLettered(d) {
+	if d.check && !l.stoppingAtOnce() && l.deadLettered(d) {
 		return
 	}
 	l.acquire(d)
@@ -618,6 +618,18 @@ func (l *partitionLoop) queueLimit() int {
 // deadLettered reports whether d's dead letter is stored already (a
 // process died after storing it and before the server heard of the
 // outcome): d is then terminated without running.
+// stoppingAtOnce reports that the broker stops the subscription at once:
+// a delivery is handed back unstarted, so the dead-letter lookup before it
+// can wait for its next delivery.
+func (l *partitionLoop) stoppingAtOnce() bool {
+	select {
+	case <-l.s.sub.Stopping:
+		return true
+	default:
+		return false
+	}
+}
+
 func (l *partitionLoop) deadLettered(d *delivery) bool {
 	if ok, err := l.storedDeadLetter(d.dlID); err != nil || !ok {
 		return false // the broker decides; at worst the dead letter is written again, replacing this one
