@@ -27,14 +27,25 @@ type stopRig struct {
 	events atomic.Int64 // Attempted and DeadLettered
 }
 
-func newStopRig(t *testing.T) *stopRig {
+// slowPutStore stores each dead letter after d (a remote store).
+type slowPutStore struct {
+	*MemoryDeadLetterStore
+	d time.Duration
+}
+
+func (s slowPutStore) Put(ctx context.Context, dl DeadLetter) error {
+	time.Sleep(s.d)
+	return s.MemoryDeadLetterStore.Put(ctx, dl)
+}
+
+func newStopRig(t *testing.T, opts ...Option) *stopRig {
 	r := &stopRig{}
 	obs := &funcObserver{
 		attempted:    func(AttemptEvent) { r.events.Add(1) },
 		deadLettered: func(DeadLetterEvent) { r.events.Add(1) },
 	}
 	var err error
-	r.b, err = New(WithLogger(discard), WithObserver(obs))
+	r.b, err = New(append([]Option{WithLogger(discard), WithObserver(obs)}, opts...)...)
 	require.NoError(t, err)
 	r.sub, err = r.b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
 		select {
@@ -78,7 +89,9 @@ func within5ms(stop func(context.Context) error) <-chan error {
 func TestCloseAndUnsubscribeTogether(t *testing.T) {
 	t.Run("Unsubscribe at once, then Close", func(t *testing.T) {
 		bubble(t, func(t *testing.T) {
-			r := newStopRig(t)
+			// The Unsubscribe's dead letters take 10 ms each to store: Close
+			// returns only after them.
+			r := newStopRig(t, WithDeadLetterStore(slowPutStore{NewMemoryDeadLetterStore(0, nil), 10 * time.Millisecond}))
 			idle()
 			done := within5ms(r.sub.Unsubscribe)
 			idle() // Unsubscribe waits for its deadline
