@@ -49,7 +49,7 @@ type page struct {
 	AppTitle     string // Options.Title
 	Title        string // this page's
 	Page         string // body's data-page
-	Root         string // relative path from the page to the mount point: "" or "../"
+	Root         string // relative path from the page to the mount point: "../" per path segment
 	AllowActions bool
 	Token        string // CSRF token for the forms; "" when actions are off
 	RefreshMS    int64  // the overview's refresh period

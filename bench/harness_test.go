@@ -65,13 +65,13 @@ func TestQueued(t *testing.T) {
 	}
 }
 
-// TestJetStreamSyncCells runs the extra jetstream-sync column (raw
+// TestJetStreamSyncCells runs the extra jetstream-sync-msgid column (raw
 // JetStream publishing as natsjs's Publish does) on W1–W3: every
 // subscriber gets every message, once and in order.
 func TestJetStreamSyncCells(t *testing.T) {
-	impl, ok := ImplByName("jetstream-sync")
+	impl, ok := ImplByName("jetstream-sync-msgid")
 	if !ok {
-		t.Fatal("jetstream-sync is not registered")
+		t.Fatal("jetstream-sync-msgid is not registered")
 	}
 	for _, w := range Workloads[:3] {
 		t.Run(w.Name, func(t *testing.T) {

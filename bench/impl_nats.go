@@ -41,7 +41,7 @@ import (
 type natsInst struct {
 	env     *Env
 	js      bool
-	sync    bool // jetstream-sync: Publish waits for each ack, with a Nats-Msg-Id
+	sync    bool // jetstream-sync-msgid: Publish waits for each ack, with a Nats-Msg-Id
 	ns      *server.Server
 	dir     string
 	pc, sc  *nats.Conn
@@ -73,28 +73,42 @@ func init() {
 	register(Impl{
 		Name: "jetstream",
 		New:  func(env *Env) (Instance, error) { return newNATS(env, true, false) },
-		Note: func(w Workload) string {
-			switch {
-			case w.Concurrency > 1:
-				return "jetstream: one consumer, 8 Consume loops on it"
-			case w.FailEvery > 0:
-				return "jetstream: Nak, redelivered by the server at once"
-			}
-			return ""
-		},
+		Note: func(w Workload) string { return jetstreamNote("jetstream", w) },
 	})
-	// jetstream-sync is raw JetStream with natsjs's Publish semantics: each
+	// jetstream-sync-msgid is raw JetStream with natsjs's Publish semantics: each
 	// publish waits for the server's ack (the message is stored), and
 	// carries a Nats-Msg-Id for the server's publish-side dedup window.
 	// The consumer side is the jetstream column's.
 	register(Impl{
-		Name: "jetstream-sync",
+		Name: "jetstream-sync-msgid",
 		New:  func(env *Env) (Instance, error) { return newNATS(env, true, true) },
-		Note: func(Workload) string {
-			return "jetstream-sync: Publish waits for each ack, with a Nats-Msg-Id (natsjs's Publish semantics)"
+		Note: func(w Workload) string {
+			s := "jetstream-sync-msgid: Publish waits for each ack, with a Nats-Msg-Id (natsjs's Publish semantics)"
+			if n := jetstreamNote("", w); n != "" {
+				s += "; " + n
+			}
+			return s
 		},
 		Extra: true,
 	})
+}
+
+// jetstreamNote is what the jetstream columns' consumer side does in w,
+// prefixed with name (if not empty).
+func jetstreamNote(name string, w Workload) string {
+	var s string
+	switch {
+	case w.Concurrency > 1:
+		s = "one consumer, 8 Consume loops on it"
+	case w.FailEvery > 0:
+		s = "Nak, redelivered by the server at once"
+	default:
+		return ""
+	}
+	if name != "" {
+		s = name + ": " + s
+	}
+	return s
 }
 
 // newNATS starts an embedded server and sets the workload up on it: core

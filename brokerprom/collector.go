@@ -163,7 +163,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // storeLen is s.Len, or -1 when it fails, panics, calls runtime.Goexit or
-// takes longer than StoreLenTimeout. The store is plugged-in code: a panic
+// (when it honours its context) takes longer than StoreLenTimeout. The store is plugged-in code: a panic
 // that reached the registry would fail the whole scrape, and a Goexit would
 // end the registry's collecting goroutine before it says it is done, so
 // every later scrape would hang. So Len runs on a goroutine of its own,

@@ -225,8 +225,6 @@ func TestInvalidUTF8Names(t *testing.T) {
 	})
 }
 
-// lenStore is a dead-letter store whose Len fails: with an error, or by
-// panicking.
 // lenStore is a dead-letter store whose Len fails: with an error, a
 // panic, runtime.Goexit or a negative count, as fails says.
 type lenStore struct {
