@@ -313,12 +313,12 @@ func (s *Subscription) deliverRemote(d Delivery) {
 		msg.Attempt = 1
 	}
 	if s.ctx.Err() != nil { // stopping at once: it stays with the transport, no store asked
-		s.handBack(d)
+		s.handBack(d, 0)
 		return
 	}
 	if s.pipe.ids != nil { // one ID at a time: a copy waiting here then finds it delivered
 		if !s.pipe.ids.acquire(s.ctx, msg.ID) {
-			s.handBack(d) // stopping at once
+			s.handBack(d, 0) // stopping at once
 			return
 		}
 		defer s.pipe.ids.release(msg.ID)
@@ -334,7 +334,7 @@ func (s *Subscription) deliverRemote(d Delivery) {
 		}
 	}
 	if s.ctx.Err() != nil { // stopped at once during the dedup check
-		s.handBack(d)
+		s.handBack(d, 0)
 		return
 	}
 	m := &it.env.msg
@@ -367,7 +367,7 @@ func (s *Subscription) deliverRemote(d Delivery) {
 	st := s.pipe.judge(s.ctx, m, err, f, took)
 	if s.ctx.Err() != nil { // cut off by a stop: it stays with the transport
 		s.pipe.rec.retrying(m, st.took, 0, st.fault)
-		s.handBack(d)
+		s.handBack(d, 0)
 		return
 	}
 	if st.outcome == OutcomeRetry && s.pipe.budget != nil && !s.pipe.budget.spend(time.Now()) {
@@ -378,8 +378,7 @@ func (s *Subscription) deliverRemote(d Delivery) {
 		return
 	}
 	s.pipe.rec.retrying(m, st.took, st.delay, st.fault)
-	s.c.handedBack.Add(1)
-	s.tell("Retry", d.Retry(st.delay))
+	s.handBack(d, st.delay)
 }
 
 // unpark counts a retry delivered back to this process (to any
@@ -397,11 +396,12 @@ func (s *Subscription) unpark() bool {
 	}
 }
 
-// handBack returns d to the transport at once, unfinished: counted as
-// queued there.
-func (s *Subscription) handBack(d Delivery) {
+// handBack returns d to the transport, to come back after delay (0 for a
+// delivery left unfinished): counted as queued there until it is
+// delivered here again (unpark).
+func (s *Subscription) handBack(d Delivery, delay time.Duration) {
 	s.c.handedBack.Add(1)
-	s.tell("Retry", d.Retry(0))
+	s.tell("Retry", d.Retry(delay))
 }
 
 // terminate stores the dead letter of m, then terminates d; a dead letter
@@ -414,7 +414,7 @@ func (s *Subscription) terminate(d Delivery, m *Message, took timing, reason str
 		}
 	}
 	if err := rec.deadLetter(m, took, reason, f, attempted); err != nil && !errors.Is(err, ErrDeadLetterRefused) {
-		s.handBack(d) // the store failed until the stop: the transport keeps it
+		s.handBack(d, 0) // the store failed until the stop: the transport keeps it
 		return
 	}
 	s.tell("Terminate", d.Terminate(reason))

@@ -27,7 +27,8 @@ func (s *slowDedup) Seen(ctx context.Context, k broker.DeliveryKey) (bool, error
 
 // TestStopAtOnceAsksNoStore: once an Unsubscribe's deadline has passed,
 // the keyless messages queued in the process are handed back unstarted
-// without a dedup check (or a dead-letter lookup) each: the Unsubscribe
+// without a dedup check each (nor, via TransportSubscriber.Stopping, the
+// dead-letter lookup of a redelivered one, which this test does not reach): the Unsubscribe
 // returns within its grace and nil (the one handler running honoured its
 // context), and no delivery of the subscription goes on after it returned.
 // (Found by a randomized black-box test: the dedup check ran first, so a

@@ -615,9 +615,6 @@ func (l *partitionLoop) queueLimit() int {
 	return int(max(1, min(int64(keylessQueueFor/avg)*handlers, int64(l.batch))))
 }
 
-// deadLettered reports whether d's dead letter is stored already (a
-// process died after storing it and before the server heard of the
-// outcome): d is then terminated without running.
 // stoppingAtOnce reports that the broker stops the subscription at once:
 // a delivery is handed back unstarted, so the dead-letter lookup before it
 // can wait for its next delivery.
@@ -630,6 +627,9 @@ func (l *partitionLoop) stoppingAtOnce() bool {
 	}
 }
 
+// deadLettered reports whether d's dead letter is stored already (a
+// process died after storing it and before the server heard of the
+// outcome): d is then terminated without running.
 func (l *partitionLoop) deadLettered(d *delivery) bool {
 	if ok, err := l.storedDeadLetter(d.dlID); err != nil || !ok {
 		return false // the broker decides; at worst the dead letter is written again, replacing this one

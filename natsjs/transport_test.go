@@ -722,13 +722,13 @@ func TestTransportOf(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var pending uint64 // the server counts a stored message for its consumers a moment later
+	// The server counts a stored message for its consumers a moment later.
 	waitFor(t, "NumPending 3 over the consumers", func() bool {
 		infos, err := tr.ConsumerInfo(t.Context(), "backlog", "s")
 		if err != nil {
 			t.Fatalf("ConsumerInfo: %v", err)
 		}
-		pending = 0
+		var pending uint64
 		for _, in := range infos {
 			pending += in.NumPending
 		}
