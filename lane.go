@@ -273,10 +273,7 @@ func (l *lane) takeShed(buf []laneItem) []laneItem {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := min(l.overflowed.Len(), laneBatch)
-	for range n {
-		it, _ := l.overflowed.Pop()
-		buf = append(buf, it)
-	}
+	buf = l.overflowed.PopN(buf, n)
 	switch {
 	case n > 0 && l.room != nil:
 		l.openRoomLocked()
@@ -693,13 +690,7 @@ func (l *lane) stop(inFlight func(int)) (waiting, overflowed []laneItem) {
 	clear(l.parked)
 	l.held = 0
 	inFlight(len(out))
-	for {
-		it, ok := l.overflowed.Pop()
-		if !ok {
-			break
-		}
-		overflowed = append(overflowed, it)
-	}
+	overflowed = l.overflowed.PopN(nil, l.overflowed.Len())
 	l.work.Broadcast()
 	return out, overflowed
 }

@@ -88,13 +88,8 @@ func (b *Broker) Close(ctx context.Context) error {
 			<-drained // the workers left return at once: their contexts are cancelled
 		}
 		grace.Stop()
-		for _, t := range topics {
-			for _, s := range t.activeSubs() {
-				s.waitCut() // an Unsubscribe racing Close may be cutting it off
-			}
-		}
 	}
-	b.waitUnsubscribes()
+	b.waitUnsubscribes() // also a cut-off an Unsubscribe began (stopNow runs inside it)
 	b.abort(errShutdown) // release the context's resources
 	for _, t := range topics {
 		t.deactivate()

@@ -106,7 +106,9 @@ func TestCloseAndUnsubscribeTogether(t *testing.T) {
 	})
 	t.Run("Close at once, then Unsubscribe", func(t *testing.T) {
 		bubble(t, func(t *testing.T) {
-			r := newStopRig(t)
+			// Close's dead letters take 10 ms each to store: the Unsubscribe
+			// returns only after them.
+			r := newStopRig(t, WithDeadLetterStore(slowPutStore{NewMemoryDeadLetterStore(0, nil), 10 * time.Millisecond}))
 			idle()
 			done := within5ms(r.b.Close)
 			idle() // Close waits for its deadline
