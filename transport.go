@@ -272,9 +272,13 @@ func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy Re
 	}
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
 	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, func(string, bool) {}, s.ctx.Done())
-	ts, err := r.t.Subscribe(TransportSubscriber{
-		Topic: topicName, Name: name, Concurrency: sc.concurrency, Ordered: sc.ordered,
-		Deliver: s.deliverRemote, Stopping: s.ctx.Done(),
+	var ts TransportSubscription
+	err := b.guard.call("Transport", "Subscribe", func() (err error) {
+		ts, err = r.t.Subscribe(TransportSubscriber{
+			Topic: topicName, Name: name, Concurrency: sc.concurrency, Ordered: sc.ordered,
+			Deliver: s.deliverRemote, Stopping: s.ctx.Done(),
+		})
+		return err
 	})
 	if err != nil {
 		s.cancel(errReleased)
@@ -487,7 +491,11 @@ func (s *Subscription) tell(op string, err error) {
 // stay with the transport.
 func (s *Subscription) stopRemote(ctx context.Context, cause error) error {
 	stopped := make(chan error, 1)
-	go func() { stopped <- s.remote.ts.Stop(context.WithoutCancel(ctx)) }() // ends when no Deliver runs
+	go func() { // ends when no Deliver runs; guarded: a panic or Goexit in Stop is its error
+		err := errors.New("broker: transport Stop called runtime.Goexit")
+		defer func() { stopped <- err }()
+		err = s.b.guard.call("Transport", "Stop", func() error { return s.remote.ts.Stop(context.WithoutCancel(ctx)) })
+	}()
 	var err error
 	select {
 	case err = <-stopped:
@@ -530,7 +538,7 @@ func (b *Broker) closeRemote(ctx context.Context) error {
 	}
 	wg.Wait()
 	b.abort(errShutdown)
-	errs = append(errs, r.t.Close(ctx))
+	errs = append(errs, b.guard.call("Transport", "Close", func() error { return r.t.Close(ctx) }))
 	return errors.Join(errs...)
 }
 

@@ -685,6 +685,88 @@ func (panickingTransport) PublishBatch(context.Context, []Message, time.Duration
 	panic("transport bug")
 }
 
+// misbehavingTransport is the fake transport whose Subscribe, its
+// subscriptions' Stop, or Close panic or call runtime.Goexit, as how says
+// ("panic" or "goexit"; "" behaves), for the method named in which.
+type misbehavingTransport struct {
+	*fakeTransport
+	which, how string
+}
+
+func (m misbehavingTransport) misbehave(method string) {
+	if method != m.which {
+		return
+	}
+	switch m.how {
+	case "panic":
+		panic("transport bug")
+	case "goexit":
+		runtime.Goexit()
+	}
+}
+
+func (m misbehavingTransport) Subscribe(sub TransportSubscriber) (TransportSubscription, error) {
+	m.misbehave("Subscribe")
+	ts, err := m.fakeTransport.Subscribe(sub)
+	if err != nil {
+		return nil, err
+	}
+	return misbehavingSub{ts, m}, nil
+}
+
+func (m misbehavingTransport) Close(ctx context.Context) error {
+	m.misbehave("Close")
+	return m.fakeTransport.Close(ctx)
+}
+
+type misbehavingSub struct {
+	TransportSubscription
+	m misbehavingTransport
+}
+
+func (s misbehavingSub) Stop(ctx context.Context) error {
+	err := s.TransportSubscription.Stop(ctx) // stopped, then misbehaves
+	s.m.misbehave("Stop")
+	return err
+}
+
+// TestMisbehavingTransportLifecycle: a transport whose Subscribe, Stop or
+// Close panics fails that call with an error, counted as a plug-in panic;
+// a Stop that calls runtime.Goexit (it runs on a goroutine of the broker)
+// fails the Unsubscribe instead of hanging it. Nothing crashes.
+func TestMisbehavingTransportLifecycle(t *testing.T) {
+	tests := []struct{ which, how, want string }{
+		{"Subscribe", "panic", "panicked"},
+		{"Stop", "panic", "panicked"},
+		{"Stop", "goexit", "Goexit"},
+		{"Close", "panic", "panicked"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.which+"/"+tt.how, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				b, err := New(WithLogger(discard), WithTransport(misbehavingTransport{newFakeTransport(), tt.which, tt.how}))
+				require.NoError(t, err)
+				sub, err := b.Subscribe("t", "s", func(context.Context, Message) error { return nil })
+				if tt.which == "Subscribe" {
+					assert.ErrorContains(t, err, tt.want)
+				} else {
+					require.NoError(t, err)
+				}
+				if tt.which == "Stop" {
+					assert.ErrorContains(t, sub.Unsubscribe(context.Background()), tt.want)
+				}
+				err = b.Close(context.Background())
+				if tt.which == "Close" {
+					assert.ErrorContains(t, err, tt.want)
+				}
+				if tt.how == "panic" {
+					assert.Equal(t, uint64(1), b.Stats().PluginPanics)
+				}
+			})
+		})
+	}
+}
+
 // TestPanickingTransportPublish: a transport whose Publish or PublishBatch
 // panics fails that publish (an error for each message), counted as a
 // plug-in panic; the caller does not crash.
