@@ -46,7 +46,7 @@ type Broker struct {
 	closeErr    error         // the first Close's result, set before closeDone is closed
 	shutdownDLs atomic.Int64  // dead letters with reason "shutdown"
 	abandoned   atomic.Int64  // handlers Close abandoned
-	lost        atomic.Int64  // dead letters the store refused for good
+	lost        atomic.Int64  // dead letters the store refused for good, outside an Unsubscribe
 	unsubMu     sync.Mutex    // guards the two below
 	unsubs      int           // Unsubscribes in progress (startUnsubscribe)
 	unsubsIdle  chan struct{} // closed when unsubs drops to 0, for Close to wait

@@ -60,7 +60,9 @@ type DrainError struct {
 	// Lost is how many dead letters (with any reason) the store refused
 	// during the stop, until its deadline or for good (ErrDeadLetterRefused):
 	// those messages are in no store and no queue. Each was logged at Error
-	// with every field and is counted in Stats' DeadLetterErrors. The stop
+	// with every field and is counted in Stats' DeadLetterErrors. A loss
+	// counts in one stop's DrainError: when Close and an Unsubscribe meet,
+	// the one that cut the subscription off (else the Unsubscribe). The stop
 	// waits at most ShutdownGrace more for the shedder (WhenLaneFull) to
 	// give up the shed messages it holds; one still in a Put then is only
 	// logged and counted in DeadLetterErrors. With a Transport it is 0:

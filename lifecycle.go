@@ -160,6 +160,7 @@ func (s *Subscription) endOnce(ctx context.Context, end func() error) error {
 func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 	t := s.t
 	s.b.startUnsubscribe()
+	s.leaving.Store(true)
 	defer s.b.endUnsubscribe()
 	lostBefore := s.lost.Load()
 	t.leave(s) // owed: every message accepted before this call
@@ -306,10 +307,16 @@ func (s *Subscription) countAbandoned() {
 	}
 }
 
+// countDeadLetter counts a dead letter by reason, and a lost one for the
+// one stop it belongs to: the stop that cut the subscription off, else its
+// Unsubscribe if one runs, else Close.
 func (s *Subscription) countDeadLetter(reason string, lost bool) {
 	if lost {
-		s.lost.Add(1)
-		s.b.lost.Add(1)
+		if stoppedAtOnce(s.ctx) && abortReason(s.ctx) == ReasonUnsubscribed || !stoppedAtOnce(s.ctx) && s.leaving.Load() {
+			s.lost.Add(1)
+		} else {
+			s.b.lost.Add(1)
+		}
 	}
 	switch reason {
 	case ReasonUnsubscribed:

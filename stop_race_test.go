@@ -124,9 +124,14 @@ func TestCloseAndUnsubscribeTogether(t *testing.T) {
 	})
 	t.Run("at the same time", func(t *testing.T) {
 		for i := range 100 {
-			for _, closeFirst := range []bool{false, true} {
+			for _, mode := range []struct{ closeFirst, storeDown bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+				closeFirst := mode.closeFirst
 				bubble(t, func(t *testing.T) {
-					r := newStopRig(t)
+					var opts []Option
+					if mode.storeDown { // every dead letter of the stops is lost, once
+						opts = append(opts, WithDeadLetterStore(&downStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil)}))
+					}
+					r := newStopRig(t, opts...)
 					short, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
 					defer cancel()
 					unsubCtx, closeCtx := short, context.Background()
@@ -147,17 +152,22 @@ func TestCloseAndUnsubscribeTogether(t *testing.T) {
 					if r.events.Load() != n {
 						t.Errorf("run %d: events after both stops returned", i)
 					}
-					var counted int // Close's shutdown dead letters and the Unsubscribe's own
+					var counted, lost int // Close's shutdown dead letters and the Unsubscribe's own
 					var de *DrainError
 					if errors.As(closeErr, &de) {
 						counted += de.DeadLettered
+						lost += de.Lost
 					}
 					if errors.As(unsubErr, &de) && de.Reason == ReasonUnsubscribed { // else Close's result
 						counted += de.DeadLettered
+						lost += de.Lost
 					}
 					ss = r.b.Stats().Topics["t"].Subscribers["s"]
 					if uint64(counted) != ss.DeadLettered {
 						t.Errorf("run %d: the stops counted %d dead letters (Close: %v; Unsubscribe: %v), Stats %d", i, counted, closeErr, unsubErr, ss.DeadLettered)
+					}
+					if uint64(lost) != ss.DeadLetterErrors {
+						t.Errorf("run %d: the stops counted %d lost (Close: %v; Unsubscribe: %v), Stats %d", i, lost, closeErr, unsubErr, ss.DeadLetterErrors)
 					}
 					requireConserved(t, r.b.Stats())
 				})

@@ -45,7 +45,8 @@ type Subscription struct {
 	unsubbed  chan struct{} // closed when Unsubscribe finished
 	unsubErr  error         // Unsubscribe's result, set before unsubbed is closed
 	unsubDLs  atomic.Int64  // dead letters with reason "unsubscribed"
-	lost      atomic.Int64  // dead letters the store refused for good
+	lost      atomic.Int64  // dead letters the store refused for good, during its Unsubscribe
+	leaving   atomic.Bool   // its Unsubscribe runs
 }
 
 // Topic returns the subscription's topic.
