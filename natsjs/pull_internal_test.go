@@ -29,6 +29,7 @@ func TestPullSize(t *testing.T) {
 		{"fast handlers, more than half", keylessBatch, 1, time.Millisecond, keylessBatch/2 + 1, 0},
 		{"500 ms handlers, two of them", keylessBatch, 2, 500 * time.Millisecond, 0, 4},
 		{"500 ms handlers, two, down to half", keylessBatch, 2, 500 * time.Millisecond, 2, 2},
+		{"600 ms handlers, eight of them", keylessBatch, 8, 600 * time.Millisecond, 0, 13}, // 8 × 1 s / 600 ms, not 8 × (1 s / 600 ms)
 		{"slower than the queue's second", keylessBatch, 1, 5 * time.Second, 0, 1},
 		{"slower than the queue's second, one queued", keylessBatch, 1, 5 * time.Second, 1, 0},
 	}

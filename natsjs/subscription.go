@@ -612,7 +612,7 @@ func (l *partitionLoop) queueLimit() int {
 	if avg <= 0 {
 		return int(min(keylessAhead*handlers, int64(l.batch)))
 	}
-	return int(max(1, min(int64(keylessQueueFor/avg)*handlers, int64(l.batch))))
+	return int(max(1, min(int64(keylessQueueFor)*handlers/int64(avg), int64(l.batch))))
 }
 
 // stoppingAtOnce reports that the broker stops the subscription at once:
