@@ -148,6 +148,7 @@ func NewMemoryDeadLetterStore(capacity int, logger *slog.Logger) *MemoryDeadLett
 // dead letter with an ID already stored replaces it (and becomes the
 // newest).
 func (s *MemoryDeadLetterStore) Put(ctx context.Context, dl DeadLetter) error {
+	ctx = orBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -225,6 +226,7 @@ func (s *MemoryDeadLetterStore) holeLocked(seq uint64) {
 
 // List returns the matching dead letters, oldest first.
 func (s *MemoryDeadLetterStore) List(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error) {
+	ctx = orBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -249,6 +251,7 @@ func (s *MemoryDeadLetterStore) List(ctx context.Context, f DeadLetterFilter) ([
 
 // Get returns the dead letter with the given ID.
 func (s *MemoryDeadLetterStore) Get(ctx context.Context, id string) (DeadLetter, bool, error) {
+	ctx = orBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return DeadLetter{}, false, err
 	}
@@ -263,6 +266,7 @@ func (s *MemoryDeadLetterStore) Get(ctx context.Context, id string) (DeadLetter,
 
 // Delete removes the given IDs; unknown IDs are ignored.
 func (s *MemoryDeadLetterStore) Delete(ctx context.Context, ids ...string) error {
+	ctx = orBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -278,12 +282,22 @@ func (s *MemoryDeadLetterStore) Delete(ctx context.Context, ids ...string) error
 
 // Len returns how many dead letters are stored.
 func (s *MemoryDeadLetterStore) Len(ctx context.Context) (int, error) {
+	ctx = orBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.byID), nil
+}
+
+// orBackground is ctx, or context.Background() for a nil ctx (the package
+// doc promises it for every method taking a ctx).
+func orBackground(ctx context.Context) context.Context {
+	if ctx == nil {
+		return context.Background()
+	}
+	return ctx
 }
 
 // Capacity returns the most dead letters the store holds.
