@@ -37,15 +37,15 @@ type pipeline struct {
 // newPipeline is the delivery pipeline of subscriber name on topicName,
 // whatever carries its messages: c are its counters, onDeadLetter counts a
 // dead letter by reason (and whether the store refused it for good), and
-// stop is closed when it must stop at once.
+// stop ends when it must stop at once (the subscription's context).
 func (b *Broker) newPipeline(topicName, name string, c *subCounters, h Handler, obs Observer, policy RetryPolicy, sc subConfig,
-	onDeadLetter func(reason string, lost bool), stop <-chan struct{}) pipeline {
+	onDeadLetter func(reason string, lost bool), stop context.Context) pipeline {
 	p := pipeline{
 		handler: h, timeout: sc.timeout, policy: policy, dedup: b.dedup, plugins: b.guard,
 		rec: recorder{
 			topic: topicName, subscriber: name, c: c,
 			obs: obs, log: b.cfg.logger, dlq: b.dlq, newID: b.newDeadLetterID,
-			onDeadLetter: onDeadLetter, stop: stop,
+			onDeadLetter: onDeadLetter, stop: stop.Done(), putCtx: putContext(stop),
 		},
 	}
 	if sc.concurrency > 1 {

@@ -82,12 +82,18 @@ func (f DeadLetterFilter) Validate() error {
 
 // DeadLetterStore keeps dead letters. Implementations must be safe for
 // concurrent use; they may live outside this package (a database, Redis).
-// The broker calls Put from delivery goroutines with a context that is
-// never cancelled by shutdown, so a slow Put slows that subscriber. A Put
-// that fails is retried with backoff while the broker runs (holding the
-// message's key and the worker that ran it: with Concurrency 1 the
-// subscriber waits for the store), unless its error wraps
-// ErrDeadLetterRefused.
+// The broker calls Put from delivery goroutines, so a slow Put slows that
+// subscriber. Put's context is never cancelled while the subscriber runs;
+// once a Close or Unsubscribe context ends, it ends 2×ShutdownGrace later
+// (the stop's deadline, its ctx then the handlers' grace, plus a grace for
+// the stop's own dead letters), its cause matching ErrClosed or
+// ErrUnsubscribed. A Put that waits for a backend must return when its
+// context ends: that is what lets Close and Unsubscribe return soon after
+// their context ends. A Put that fails is retried with backoff while the
+// broker runs (holding the message's key and the worker that ran it: with
+// Concurrency 1 the subscriber waits for the store), unless its error wraps
+// ErrDeadLetterRefused; at a stop's deadline it is given up, logged with
+// every field and counted in DrainError.Lost.
 type DeadLetterStore interface {
 	// Put stores dl; a dl with an ID already stored replaces it.
 	Put(ctx context.Context, dl DeadLetter) error

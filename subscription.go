@@ -129,7 +129,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 		s.limiter = newTokenBucket(sc.rate, sc.burst)
 	}
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
-	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, s.countDeadLetter, s.ctx.Done())
+	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, s.countDeadLetter, s.ctx)
 	if sc.whenFull != Block {
 		s.pipe.overflowFault = brokerFault(CodeOverflow, newOverflowError(topicName, name))
 	}
