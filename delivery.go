@@ -214,9 +214,18 @@ func (p *pipeline) cutOff(ctx context.Context, it *laneItem) {
 	p.rec.deadLetter(msg, timing{}, abortReason(ctx), it.last.fault, false)
 }
 
-// overflow dead-letters it, shed from a full lane.
+// overflow dead-letters it, shed from a full lane, and calls counted once
+// it ended. A copy of an ID already delivered here is deduplicated instead
+// (redriving its dead letter would run a delivered ID again).
 func (p *pipeline) overflow(it *laneItem, counted func()) {
 	msg := &it.env.msg
+	if p.dedup != nil && !it.redriven {
+		if d := p.dedupKey(&it.env, false); p.seen(&d) {
+			p.rec.deduplicated(msg)
+			counted()
+			return
+		}
+	}
 	if it.last != nil {
 		p.rec.deadLetterThen(msg, timing{}, ReasonOverflow, it.last.fault, false, counted)
 		return
