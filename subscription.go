@@ -246,7 +246,7 @@ func (s *Subscription) shed() {
 	buf := make([]laneItem, 0, laneBatch)
 	var i int
 	finished, stored := false, false
-	counted := func() { stored = true; s.c.inFlight.Add(-1) }
+	counted := func() { stored = true; s.c.inFlight.Add(-1); s.lane.shedEnded(&buf[i]) }
 	defer func() {
 		if !finished { // runtime.Goexit in a store or an Observer
 			if stored {
