@@ -45,7 +45,7 @@ func (b *Broker) newPipeline(topicName, name string, c *subCounters, h Handler, 
 		rec: recorder{
 			topic: topicName, subscriber: name, c: c,
 			obs: obs, log: b.cfg.logger, dlq: b.dlq, newID: b.newDeadLetterID,
-			onDeadLetter: onDeadLetter, stop: stop.Done(), putCtx: putContext(stop),
+			onDeadLetter: onDeadLetter, stop: stop.Done(), storeCtx: storeContext(stop),
 		},
 	}
 	if sc.concurrency > 1 {
@@ -267,12 +267,12 @@ func (p *pipeline) dedupKey(env *envelope, redriven bool) dedupRef {
 
 // seen asks the idempotency store whether d was delivered. A store error
 // counts as "not seen": a duplicate is within the contract, a loss is not.
-// The store gets a context that shutdown does not cancel.
+// The store gets the subscription's store ctx (see storeContext).
 func (p *pipeline) seen(d *dedupRef) bool {
 	if p.mem != nil {
 		return p.mem.seen(d.slot)
 	}
-	seen, err := p.dedup.Seen(context.Background(), d.key)
+	seen, err := p.dedup.Seen(p.rec.storeCtx, d.key)
 	if err != nil {
 		p.logStoreError("Seen", d.key.MessageID, err)
 		return false // whatever it said: a duplicate is allowed, a loss is not
@@ -286,7 +286,7 @@ func (p *pipeline) record(d *dedupRef) {
 		p.mem.record(d.slot)
 		return
 	}
-	if err := p.dedup.Record(context.Background(), d.key); err != nil {
+	if err := p.dedup.Record(p.rec.storeCtx, d.key); err != nil {
 		p.logStoreError("Record", d.key.MessageID, err)
 	}
 }

@@ -38,6 +38,9 @@ type DeliveryKey struct {
 // the handler succeeded, so a failed delivery is never mistaken for a
 // duplicate. When Seen fails the broker delivers anyway (a duplicate is
 // within the at-least-once contract, a loss is not) and logs the error.
+// Their context is the one DeadLetterStore.Put gets: never cancelled while
+// the subscriber runs, it ends soon after a Close's or Unsubscribe's
+// context does, and a call waiting for a backend must return then.
 //
 // The store decides what its window means: a store with a TTL remembers a
 // key for the TTL from Record, the end of a delivery. The default,

@@ -76,3 +76,43 @@ func TestStopEndsAPutThatHonoursItsContext(t *testing.T) {
 		})
 	}
 }
+
+// downDedup is an idempotency store whose backend never answers: Seen and
+// Record wait for their ctx.
+type downDedup struct{}
+
+func (downDedup) Seen(ctx context.Context, _ DeliveryKey) (bool, error) {
+	<-ctx.Done()
+	return false, ctx.Err()
+}
+
+func (downDedup) Record(ctx context.Context, _ DeliveryKey) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// The idempotency store's calls get the same ctx as Put: a stop whose
+// messages wait in a Seen that honours its ctx returns soon after its
+// deadline (what could not be finished by then counts as lost). Before,
+// Seen got context.Background() and Close never returned.
+func TestStopEndsASeenThatHonoursItsContext(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		b := newTestBroker(t, WithIdempotencyStore(downDedup{}))
+		var got calls
+		_, err := b.Subscribe("t", "s", okHandler(&got))
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 2) // m-0 waits in Seen, m-1 queues
+		time.Sleep(time.Hour)
+		idle()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		start := time.Now()
+		var de *DrainError
+		require.ErrorAs(t, b.Close(ctx), &de)
+		assert.LessOrEqual(t, time.Since(start), time.Second+2*ShutdownGrace)
+		assert.Zero(t, got.len(), "no attempt after the deadline")
+		assert.Equal(t, 2, de.DeadLettered, "both messages ended at the stop")
+		assert.Equal(t, 2, de.Lost, "after the stores' ctx ended: the memory store refuses a done ctx too")
+		requireConserved(t, b.Stats())
+	})
+}
