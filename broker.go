@@ -341,12 +341,13 @@ func (b *Broker) newDeadLetterID() string {
 // time (as a push or a take does), and each topic's subscriber list lock.
 func (b *Broker) Stats() Stats {
 	now := time.Now()
+	evicted := b.dlq.evicted() // plugged-in code: outside statsMu, which topic creation needs
 	b.statsMu.RLock()
 	defer b.statsMu.RUnlock()
 	topics := b.liveTopics()
 	st := Stats{Topics: make(map[string]TopicStats, len(topics))}
 	b.gone.stats(&st)
-	st.DeadLetterEvicted = b.dlq.evicted()
+	st.DeadLetterEvicted = evicted
 	st.PluginPanics = b.panics.Load()
 	if b.mem != nil {
 		st.Dedup = b.mem.Stats()

@@ -271,7 +271,7 @@ func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy Re
 		remote: &remoteSub{maxAttempts: policy.maxAttempts()},
 	}
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
-	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, func(string, bool) {}, s.ctx.Done())
+	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, func(string, bool) {}, s.ctx)
 	var ts TransportSubscription
 	err := b.guard.call("Transport", "Subscribe", func() (err error) {
 		ts, err = r.t.Subscribe(TransportSubscriber{

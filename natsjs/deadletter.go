@@ -93,6 +93,9 @@ func (s *DeadLetterStore) filterSubject(f broker.DeadLetterFilter) string {
 
 // Put stores dl, replacing a dead letter with the same ID.
 func (s *DeadLetterStore) Put(ctx context.Context, dl broker.DeadLetter) error {
+	if ctx == nil { // as the broker: nil is Background
+		ctx = context.Background()
+	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("natsjs: put dead letter %q: %w", dl.ID, err)
 	}
@@ -154,6 +157,9 @@ func wrongLastSequence(err error) bool {
 
 // Get returns the dead letter with the given ID.
 func (s *DeadLetterStore) Get(ctx context.Context, id string) (broker.DeadLetter, bool, error) {
+	if ctx == nil { // as the broker: nil is Background
+		ctx = context.Background()
+	}
 	if err := ctx.Err(); err != nil {
 		return broker.DeadLetter{}, false, fmt.Errorf("natsjs: get dead letter %q: %w", id, err)
 	}
@@ -181,6 +187,9 @@ const listBatch = 256
 // filters by topic, subscriber and error code; List reads the matches
 // through a temporary consumer (in memory, deleted when List returns).
 func (s *DeadLetterStore) List(ctx context.Context, f broker.DeadLetterFilter) ([]broker.DeadLetter, error) {
+	if ctx == nil { // as the broker: nil is Background
+		ctx = context.Background()
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("natsjs: list dead letters: %w", err)
 	}
@@ -260,6 +269,9 @@ func (s *DeadLetterStore) List(ctx context.Context, f broker.DeadLetterFilter) (
 // Delete removes the dead letters with the given IDs (every version of
 // each); unknown IDs are ignored.
 func (s *DeadLetterStore) Delete(ctx context.Context, ids ...string) error {
+	if ctx == nil { // as the broker: nil is Background
+		ctx = context.Background()
+	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("natsjs: delete dead letters: %w", err)
 	}
@@ -273,6 +285,9 @@ func (s *DeadLetterStore) Delete(ctx context.Context, ids ...string) error {
 
 // Len returns how many dead letters the stream holds.
 func (s *DeadLetterStore) Len(ctx context.Context) (int, error) {
+	if ctx == nil { // as the broker: nil is Background
+		ctx = context.Background()
+	}
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("natsjs: count dead letters: %w", err)
 	}
