@@ -158,7 +158,7 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	switch err {
 	case nil:
 		if b.obs != nil {
-			b.obs.Published(PublishEvent{Topic: msg.Topic, MessageID: msg.ID, PublishedAt: msg.PublishedAt})
+			b.obs.Published(PublishEvent{Topic: msg.Topic, MessageID: msg.ID, PublishedAt: msg.PublishedAt, Duration: time.Since(msg.PublishedAt)})
 		}
 		return nil
 	case queue.ErrClosed:
@@ -172,7 +172,7 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	}
 	t.tally.rejected.Add(1)
 	if b.obs != nil {
-		b.obs.Rejected(RejectEvent{Topic: msg.Topic, MessageID: msg.ID, Err: err})
+		b.obs.Rejected(RejectEvent{Topic: msg.Topic, MessageID: msg.ID, Err: err, Duration: time.Since(msg.PublishedAt)})
 	}
 	if b.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
 		b.cfg.logger.LogAttrs(context.Background(), slog.LevelDebug, "broker: publish rejected",

@@ -88,12 +88,17 @@ func (NopObserver) DeadLettered(DeadLetterEvent) {}
 type PublishEvent struct {
 	Topic, MessageID string
 	PublishedAt      time.Time
+	// Duration is how long Publish took from stamping PublishedAt to the
+	// message being queued (or handed to the transport), the wait for room
+	// included. The clock is read for it only when an Observer is set.
+	Duration time.Duration
 }
 
 // RejectEvent describes a refused publish.
 type RejectEvent struct {
 	Topic, MessageID string
-	Err              error // wraps ErrQueueFull, or is the context's error
+	Err              error         // wraps ErrQueueFull, or is the context's error
+	Duration         time.Duration // how long Publish waited before refusing (as PublishEvent.Duration)
 }
 
 // UnroutedEvent describes a message that reached no subscriber.
