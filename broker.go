@@ -39,6 +39,7 @@ type Broker struct {
 	dlq    guardedDLQ       // cfg.dlq, guarded against panics
 	dedup  IdempotencyStore // cfg.dedup, guarded against panics (unless it is the default kind)
 	obs    Observer         // cfg.obs, guarded against panics; nil: none
+	timed  bool             // an Observer is a PublishTimer: events carry the publish's Duration
 	guard  guard
 	panics *atomic.Uint64 // panics of plugged-in code (the logger's included), recovered
 
@@ -97,6 +98,11 @@ func New(opts ...Option) (*Broker, error) {
 		b.dedup = guardedDedup{s: cfg.dedup, g: b.guard}
 	} else if b.mem != nil {
 		b.dedup = b.mem
+	}
+	for _, o := range cfg.obs {
+		if pt, ok := o.(PublishTimer); ok && b.guard.timesPublish(pt) {
+			b.timed = true
+		}
 	}
 	switch len(cfg.obs) {
 	case 0:
@@ -158,7 +164,7 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	switch err {
 	case nil:
 		if b.obs != nil {
-			b.obs.Published(PublishEvent{Topic: msg.Topic, MessageID: msg.ID, PublishedAt: msg.PublishedAt, Duration: time.Since(msg.PublishedAt)})
+			b.obs.Published(PublishEvent{Topic: msg.Topic, MessageID: msg.ID, PublishedAt: msg.PublishedAt, Duration: b.publishTime(&msg)})
 		}
 		return nil
 	case queue.ErrClosed:
@@ -172,13 +178,23 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	}
 	t.tally.rejected.Add(1)
 	if b.obs != nil {
-		b.obs.Rejected(RejectEvent{Topic: msg.Topic, MessageID: msg.ID, Err: err, Duration: time.Since(msg.PublishedAt)})
+		b.obs.Rejected(RejectEvent{Topic: msg.Topic, MessageID: msg.ID, Err: err, Duration: b.publishTime(&msg)})
 	}
 	if b.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
 		b.cfg.logger.LogAttrs(context.Background(), slog.LevelDebug, "broker: publish rejected",
 			slog.String("topic", msg.Topic), slog.String("message_id", msg.ID), slog.String("error", err.Error()))
 	}
 	return err
+}
+
+// publishTime is how long msg's Publish took since PublishedAt was
+// stamped; 0 without a PublishTimer, so that no other Observer costs a
+// clock read per publish.
+func (b *Broker) publishTime(msg *Message) time.Duration {
+	if !b.timed {
+		return 0
+	}
+	return time.Since(msg.PublishedAt)
 }
 
 // prepare makes msg ready to publish: validated, through the publish
