@@ -95,6 +95,13 @@ func faults() []fault {
 		dlFault("ignores the context", dlFaults{ignoreContext: true},
 			"Context/Put", "Context/Get", "Context/List", "Context/Delete", "Context/Len"),
 		dlFault("loses concurrent Puts", dlFaults{lossyConcurrentPut: true}, "Concurrent"),
+		dlFault("ListNewest oldest first", dlFaults{newestOldestFirst: true},
+			"ListNewest/everything", "ListNewest/limit", "ListNewest/since"),
+		dlFault("ListNewest ignores the message ID", dlFaults{newestIgnoresID: true}, "ListNewest/message ID", "ListNewest/message ID prefix"),
+		dlFault("ListNewest ignores the time range", dlFaults{newestIgnoresTime: true},
+			"ListNewest/since", "ListNewest/until", "ListNewest/since and until", "ListNewest/time range and limit"),
+		dlFault("ListNewest limits before filtering", dlFaults{newestLimitFirst: true}, "ListNewest/reason and limit", "ListNewest/time range and limit"),
+		dlFault("ListNewest takes a malformed query", dlFaults{newestNoValidate: true}, "ListNewest/malformed"),
 
 		idemFault("seen always", idemFaults{seenAlways: true}, fastExpiry, "Unseen", "Concurrent"),
 		idemFault("Record is a no-op", idemFaults{recordNoop: true}, fastExpiry, "RecordThenSeen", "Concurrent"),
