@@ -65,7 +65,7 @@ func (h *Handler) formAction(a action) http.HandlerFunc {
 		}
 		res := h.do(r, a, ids)
 		back := url.Values{}
-		for _, k := range []string{"topic", "subscriber", "code", "reason"} {
+		for _, k := range []string{"topic", "subscriber", "code", "reason", "message_id", "since", "until", "order"} {
 			if v := r.PostForm.Get(k); v != "" {
 				back.Set(k, v)
 			}

@@ -24,6 +24,8 @@ const (
 	MaxPageSize           = 1000                   // most dead letters per list page (the limit parameter)
 	DefaultMaxScan        = 10_000                 // most dead letters one list request reads
 	DefaultPayloadLimit   = 64 << 10               // payload bytes the detail page shows
+	ListErrorLimit        = 1 << 10                // bytes of each error a list (page or JSON) carries
+	FieldLimit            = 200                    // characters of a topic, subscriber, ID, code or key a list shows; 16× that on the detail page
 	MaxActionIDs          = 1000                   // most dead-letter IDs one action request may name
 	maxActionBody         = 1 << 20                // bytes of an action request's body
 )
