@@ -29,10 +29,14 @@ const (
 
 // Histogram bucket boundaries, in seconds.
 var (
-	// processBuckets are the conventions' for messaging durations.
-	processBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+	// processBuckets are the conventions' for messaging durations (5 ms
+	// to 10 s) with finer ones below, from 100 µs: an in-process handler
+	// often takes well under a millisecond. brokerprom has the same.
+	processBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+		0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
 	// endToEndBuckets reach further: retries with backoff take minutes.
-	endToEndBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+	endToEndBuckets = []float64{0.0005, 0.001, 0.0025,
+		0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
 )
 
 // instruments are the synchronous instruments, created once by New.

@@ -15,17 +15,23 @@ import (
 const DefaultNamespace = "broker"
 
 // DefaultHandlerBuckets returns the upper bounds, in seconds, of the
-// handler_duration_seconds histogram's buckets: those OpenTelemetry's
-// messaging conventions recommend for messaging.process.duration.
+// handler_duration_seconds histogram's buckets: from 100 µs, since an
+// in-process handler often takes well under a millisecond, then those
+// OpenTelemetry's messaging conventions recommend for
+// messaging.process.duration (5 ms to 10 s), so that queries on their
+// bounds keep working.
 func DefaultHandlerBuckets() []float64 {
-	return []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+	return []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+		0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
 }
 
 // DefaultEndToEndBuckets returns the upper bounds, in seconds, of the
-// end_to_end_duration_seconds histogram's buckets: from 5 ms to 10 minutes,
-// since a message may wait out retries and backoffs before it is finished.
+// end_to_end_duration_seconds histogram's buckets: from 500 µs (an
+// in-process delivery) to 10 minutes, since a message may wait out
+// retries and backoffs before it is finished.
 func DefaultEndToEndBuckets() []float64 {
-	return []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+	return []float64{0.0005, 0.001, 0.0025,
+		0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
 }
 
 // DefaultPublishBuckets returns the upper bounds, in seconds, of the
