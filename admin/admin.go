@@ -74,7 +74,31 @@ type Options struct {
 	// Logger receives a line per action and per refused action request
 	// (default slog.Default()).
 	Logger *slog.Logger
+	// Authorize, when set, is asked before every action (with AllowActions):
+	// a non-nil error refuses it with 403 Forbidden, and a page shows the
+	// action buttons only to a request Authorize allows some action. So one
+	// handler serves a read-only role and an actions role, say by a header
+	// the authenticating proxy sets. The action is one of ActionRedrive,
+	// ActionDelete, ActionRedriveMatching, ActionDeleteMatching. It must be
+	// safe for concurrent use; a panic counts as a refusal.
+	Authorize func(r *http.Request, action string) error
+	// SecureCookie marks the CSRF cookie Secure even on plain HTTP: for a
+	// handler behind a proxy that terminates TLS (the cookie is Secure
+	// anyway when the request came over TLS).
+	SecureCookie bool
+	// TrustForwardedProto marks the CSRF cookie Secure when the request
+	// has X-Forwarded-Proto: https. Set it only behind a proxy that sets
+	// that header itself (a client could send it otherwise).
+	TrustForwardedProto bool
 }
+
+// Actions, as Options.Authorize is asked about them.
+const (
+	ActionRedrive         = "redrive"          // redrive the selected dead letters
+	ActionDelete          = "delete"           // delete the selected dead letters
+	ActionRedriveMatching = "redrive_matching" // redrive every dead letter matching a filter
+	ActionDeleteMatching  = "delete_matching"  // delete every dead letter matching a filter
+)
 
 // Handler is the admin page: an http.Handler serving the pages, the JSON
 // endpoints and the embedded assets of the package doc. Create it with New;
@@ -196,6 +220,8 @@ func (h *Handler) routes() {
 	m.HandleFunc("GET /deadletters/{id}", h.deadLetter)
 	m.HandleFunc("POST /redrive", h.formAction(actionRedrive))
 	m.HandleFunc("POST /delete", h.formAction(actionDelete))
+	m.HandleFunc("POST /redrive-matching", h.matchingAction(ActionRedriveMatching))
+	m.HandleFunc("POST /delete-matching", h.matchingAction(ActionDeleteMatching))
 	m.HandleFunc("GET /api/stats", h.apiStats)
 	m.HandleFunc("GET /api/deadletters", h.apiDeadLetters)
 	m.HandleFunc("GET /api/deadletters/{id}", h.apiDeadLetter)

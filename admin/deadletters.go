@@ -296,6 +296,12 @@ type listPage struct {
 	Notice       string
 	NoticeBad    bool
 	NoticeDone   string
+	// Matching is how many dead letters match the filter, for "redrive all
+	// matching" and "delete all matching" (0: not offered: none, or a
+	// message ID or time range in the filter); MatchingMore says there are
+	// more than Matching (MaxScan).
+	Matching     int
+	MatchingMore bool
 }
 
 var reasons = []string{broker.ReasonExhausted, broker.ReasonPermanent, broker.ReasonShutdown,
@@ -359,6 +365,11 @@ func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) {
 		p.Next = link(q.Offset + q.Limit)
 	}
 	p.Notice, p.NoticeBad, p.NoticeDone = notice(r.URL.Query())
+	if f, ok := q.matchingFilter(); ok && p.AllowActions && (p.Can[ActionRedriveMatching] || p.Can[ActionDeleteMatching]) && len(list.DeadLetters) > 0 {
+		if n, err := h.countMatching(r, f, h.opts.MaxScan); err == nil {
+			p.Matching, p.MatchingMore = min(n, h.opts.MaxScan), n > h.opts.MaxScan
+		}
+	}
 	h.render(w, http.StatusOK, "deadletters", p)
 }
 
@@ -368,9 +379,9 @@ func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) {
 func notice(v url.Values) (text string, bad bool, done string) {
 	var verb string
 	switch done = v.Get("done"); done {
-	case string(actionRedrive):
+	case string(actionRedrive), ActionRedriveMatching:
 		verb = "Redrove"
-	case string(actionDelete):
+	case string(actionDelete), ActionDeleteMatching:
 		verb = "Deleted"
 	default:
 		return "", false, ""

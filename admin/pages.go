@@ -51,20 +51,25 @@ var pages = func() map[string]*template.Template {
 
 // page is what every page's layout needs.
 type page struct {
-	AppTitle     string // Options.Title
-	Title        string // this page's
-	Page         string // body's data-page
-	Root         string // relative path from the page to the mount point: "../" per path segment
-	AllowActions bool
-	Token        string // CSRF token for the forms; "" when actions are off
-	RefreshMS    int64  // the overview's refresh period
+	AppTitle     string          // Options.Title
+	Title        string          // this page's
+	Page         string          // body's data-page
+	Root         string          // relative path from the page to the mount point: "../" per path segment
+	AllowActions bool            // actions on, and Authorize allows this request some action
+	Can          map[string]bool // by action: Authorize allows it (all true without the hook)
+	Token        string          // CSRF token for the forms; "" when actions are off
+	RefreshMS    int64           // the overview's refresh period
 	RefreshSec   int
 }
 
 func (h *Handler) newPage(w http.ResponseWriter, r *http.Request, name, title, root string) page {
-	p := page{AppTitle: h.opts.Title, Title: title, Page: name, Root: root, AllowActions: h.opts.AllowActions}
+	p := page{AppTitle: h.opts.Title, Title: title, Page: name, Root: root, AllowActions: h.canAct(r)}
 	if p.AllowActions {
 		p.Token = h.token(w, r)
+		p.Can = map[string]bool{}
+		for _, a := range []string{ActionRedrive, ActionDelete, ActionRedriveMatching, ActionDeleteMatching} {
+			p.Can[a] = h.authorize(r, a) == nil
+		}
 	}
 	return p
 }
