@@ -58,11 +58,13 @@ type Options struct {
 	// PageSize is how many dead letters a list shows when the request sets
 	// no limit (default DefaultPageSize, at most MaxPageSize).
 	PageSize int
-	// MaxScan bounds how many dead letters one list request reads from the
-	// store (default DefaultMaxScan): the store filters by topic, subscriber
-	// and error code, the handler by reason, and pages are cut from the
-	// first MaxScan matches. It is raised to PageSize if lower, and a list
-	// request whose offset + limit passes it is refused (400).
+	// MaxScan bounds how far one list request pages (default
+	// DefaultMaxScan): a request whose offset + limit passes it is refused
+	// (400). Oldest first with a message ID or time range, which the
+	// handler filters itself, it reads at most MaxScan of the store's
+	// matches (newest first, the store's ListNewest does the filtering).
+	// It also bounds "all matching" actions. It is raised to PageSize if
+	// lower.
 	MaxScan int
 	// PayloadLimit is how many bytes of a payload the detail page shows
 	// (default DefaultPayloadLimit); the full size is stated beside it.
