@@ -129,8 +129,8 @@ func nextQuoted(s string) (string, string, error) {
 
 // decodeMessage rebuilds the broker's message from m. A message published
 // on a topic's subject by another NATS client (no broker headers) is
-// still delivered: its ID is its Nats-Msg-Id, or "<stream>.<sequence>",
-// and its PublishedAt when the stream stored it. Undecodable broker
+// still delivered: its ID is its Nats-Msg-Id, or "<stream>.<sequence>.<stored
+// at, Unix ns>", and its PublishedAt when the stream stored it. Undecodable broker
 // headers are reported in err, the rest of the message filled in.
 func decodeMessage(topic string, m *nats.Msg, meta *nats.MsgMetadata) (msg broker.Message, redriven bool, err error) {
 	h := m.Header
@@ -147,8 +147,8 @@ func decodeMessage(topic string, m *nats.Msg, meta *nats.MsgMetadata) (msg broke
 	if msg.ID == "" {
 		msg.ID = field(jetstream.MsgIDHeader)
 	}
-	if msg.ID == "" {
-		msg.ID = meta.Stream + "." + strconv.FormatUint(meta.Sequence.Stream, 10)
+	if msg.ID == "" { // with the stored time: sequences start again with a new stream
+		msg.ID = meta.Stream + "." + strconv.FormatUint(meta.Sequence.Stream, 10) + "." + strconv.FormatInt(meta.Timestamp.UnixNano(), 10)
 	}
 	msg.Key = field(hdrKey)
 	msg.PublishedAt = meta.Timestamp
@@ -179,6 +179,7 @@ type delivery struct {
 	msg      broker.Message
 	redriven bool
 	dlID     string
+	legacyID string // "": no legacy dead letter to look for (see legacyDeadLetterID)
 	every    time.Duration
 	check    bool // look its dead letter up before running it (see partitionLoop.handle)
 }
@@ -222,7 +223,25 @@ func (d *delivery) KeepAliveEvery() time.Duration { return d.every }
 // its AckWait.
 func (d *delivery) KeepAlive() error { return d.nc.Publish(d.reply, []byte("+WPI")) }
 
-// DeadLetterID is "<stream>.<stream sequence>.<subscriber>": the same for
+// DeadLetterID is "<stream>.<stream sequence>.<stored at>.<subscriber>",
+// the time the stream stored the message in Unix nanoseconds: the same for
 // every delivery of one stored message to one subscriber, so that a dead
-// letter written again after a crash replaces the first.
+// letter written again after a crash replaces the first, and different for
+// a message stored at the same sequence later (a memory stream after a
+// server restart, a stream deleted and created again start at 1 again).
 func (d *delivery) DeadLetterID() string { return d.dlID }
+
+// deadLetterID is the dead-letter ID of the message stored at seq in
+// stream at stored (unix ns), for subscriber sub.
+func deadLetterID(stream string, seq uint64, stored time.Time, sub string) string {
+	return stream + "." + strconv.FormatUint(seq, 10) + "." + strconv.FormatInt(stored.UnixNano(), 10) + "." + sub
+}
+
+// legacyDeadLetterID is the ID versions before the stored time was part of
+// it gave the same dead letter: "<stream>.<sequence>.<subscriber>". It names
+// every message stored at seq in any life of the stream, so a dead letter
+// found under it is only trusted when it is this message's (see
+// partitionLoop.deadLettered).
+func legacyDeadLetterID(stream string, seq uint64, sub string) string {
+	return stream + "." + strconv.FormatUint(seq, 10) + "." + sub
+}

@@ -569,7 +569,7 @@ func (l *partitionLoop) handle(m *nats.Msg) {
 	}
 	d := &delivery{
 		nc: l.nc, reply: m.Reply, msg: msg, redriven: redriven, every: s.t.cfg.ackWait / 3,
-		dlID: meta.Stream + "." + strconv.FormatUint(meta.Sequence.Stream, 10) + "." + s.sub.Name,
+		dlID: deadLetterID(meta.Stream, meta.Sequence.Stream, meta.Timestamp, s.sub.Name),
 	}
 	// A message delivered before may have been dead-lettered by a process
 	// that died before the server heard of it. The server's delivery count
@@ -577,6 +577,11 @@ func (l *partitionLoop) handle(m *nats.Msg) {
 	// (saved about ten times a second): so a message stored before this
 	// transport started is looked up too.
 	d.check = s.t.cfg.deadLetters != nil && (meta.NumDelivered > 1 || meta.Timestamp.Before(s.t.started))
+	if d.check && meta.Timestamp.Before(s.t.started) {
+		// It may have been dead-lettered by an earlier version, under the
+		// ID it gave (see legacyDeadLetterID).
+		d.legacyID = legacyDeadLetterID(meta.Stream, meta.Sequence.Stream, s.sub.Name)
+	}
 	if l.batch > 1 {
 		l.queue = append(l.queue, d) // looked up when it starts: the loop must not wait on the store
 		return
@@ -629,9 +634,18 @@ func (l *partitionLoop) stoppingAtOnce() bool {
 
 // deadLettered reports whether d's dead letter is stored already (a
 // process died after storing it and before the server heard of the
-// outcome): d is then terminated without running.
+// outcome): d is then terminated without running. A dead letter under d's
+// legacy ID counts only when it is of d's message (same message ID and
+// publish time): that ID also names other messages stored at the sequence.
 func (l *partitionLoop) deadLettered(d *delivery) bool {
-	if ok, err := l.storedDeadLetter(d.dlID); err != nil || !ok {
+	found, err := l.storedDeadLetter(d.dlID)
+	if err == nil && found == nil && d.legacyID != "" {
+		found, err = l.storedDeadLetter(d.legacyID)
+		if found != nil && !sameMessage(&found.Message, &d.msg) {
+			found = nil // another message's, stored at this sequence in an earlier life of the stream
+		}
+	}
+	if err != nil || found == nil {
 		return false // the broker decides; at worst the dead letter is written again, replacing this one
 	}
 	if err := d.Terminate("dead-lettered before a restart"); err != nil {
@@ -640,21 +654,30 @@ func (l *partitionLoop) deadLettered(d *delivery) bool {
 	return true
 }
 
+// sameMessage reports whether a dead letter's message is m: same topic,
+// ID and publish time.
+func sameMessage(dl, m *broker.Message) bool {
+	return dl.Topic == m.Topic && dl.ID == m.ID && dl.PublishedAt.Equal(m.PublishedAt)
+}
+
 // storedDeadLetter asks the dead-letter store (the user's, with
-// WithDeadLetterCheck) whether id is stored. A panic there is logged and
-// returned as an error, so that it ends neither the pull loop nor the
-// process.
-func (l *partitionLoop) storedDeadLetter(id string) (ok bool, err error) {
+// WithDeadLetterCheck) for the dead letter id (nil: not stored). A panic
+// there is logged and returned as an error, so that it ends neither the
+// pull loop nor the process.
+func (l *partitionLoop) storedDeadLetter(id string) (dl *broker.DeadLetter, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			ok, err = false, fmt.Errorf("natsjs: DeadLetterStore.Get panicked: %v", v)
+			dl, err = nil, fmt.Errorf("natsjs: DeadLetterStore.Get panicked: %v", v)
 			l.logAttrs(slog.LevelError, "natsjs: the dead-letter store panicked; the broker decides", err)
 		}
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, ok, err = l.s.t.cfg.deadLetters.Get(ctx, id)
-	return ok, err
+	got, ok, err := l.s.t.cfg.deadLetters.Get(ctx, id)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return &got, nil
 }
 
 // acquire takes a slot, telling the server the message is held meanwhile

@@ -389,9 +389,12 @@ func (t *Transport) publish(ctx context.Context, ts *topicState, m *nats.Msg, id
 			return fmt.Errorf("%w: natsjs: stream %s of topic %q is full: %v", broker.ErrQueueFull, ts.stream, ts.topic, full)
 		}
 		if !streamFull(err) {
-			if errors.Is(err, jetstream.ErrNoStreamResponse) {
-				t.forget(ts) // deleted? the next Publish creates it again
-			}
+			// Deleted, or lost with a memory stream in a server restart?
+			// The next Publish looks it up, and creates it again. (Not only
+			// on ErrNoStreamResponse: the client tries a publish without
+			// responders again for 500 ms, the default publish timeout,
+			// so a publish to a deleted stream usually ends with ctx.)
+			t.forget(ts)
 			return fmt.Errorf("natsjs: publish to stream %s: %w", ts.stream, err)
 		}
 		full = err

@@ -235,7 +235,10 @@ func WithLogger(l *slog.Logger) TransportOption {
 // Delivery.DeadLetterID) is in s already: it then terminates the message
 // without running the handler. That closes the window where a process dies
 // after storing a dead letter and before the server heard of the outcome.
-// New and Open set it to the broker's dead-letter store.
+// For a message stored before the transport was made it also looks up the
+// ID earlier versions gave ("<stream>.<sequence>.<subscriber>"), trusting
+// a dead letter there only when it is of the same message (ID, topic and
+// publish time). New and Open set it to the broker's dead-letter store.
 func WithDeadLetterCheck(s broker.DeadLetterStore) TransportOption {
 	return func(c *transportConfig) error {
 		if s == nil {
