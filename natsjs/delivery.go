@@ -182,6 +182,13 @@ type delivery struct {
 	legacyID string // "": no legacy dead letter to look for (see legacyDeadLetterID)
 	every    time.Duration
 	check    bool // look its dead letter up before running it (see partitionLoop.handle)
+
+	// For one end state when two deliveries of the message overlap (see
+	// Ack and Terminate).
+	l           *partitionLoop
+	redelivered bool      // NumDelivered > 1
+	arrived     time.Time // when the loop got it
+	reconnects  uint64    // the connection's reconnections then
 }
 
 var (
@@ -195,8 +202,27 @@ func (d *delivery) Message() broker.Message { return d.msg }
 // Redriven reports a copy published by Redrive.
 func (d *delivery) Redriven() bool { return d.redriven }
 
-// Ack acknowledges the message: it is done at this subscriber.
-func (d *delivery) Ack() error { return d.nc.Publish(d.reply, []byte("+ACK")) }
+// Ack acknowledges the message: it is done at this subscriber. A delivery
+// that may have overlapped another one of the message (the connection was
+// lost or reconnected since it arrived, or it was held for longer than the
+// AckWait: either way the server may have delivered it again, to another
+// process) then looks the message's dead letter up and deletes it: the
+// message was delivered, here.
+func (d *delivery) Ack() error {
+	err := d.nc.Publish(d.reply, []byte("+ACK"))
+	if d.l != nil && d.mayOverlap() {
+		d.l.dropDeadLetter(d, "natsjs: a message delivered here was dead-lettered by another delivery of it meanwhile (the server delivered it again during a reconnection or a long hold); its dead letter is deleted")
+	}
+	return err
+}
+
+// mayOverlap reports whether the server may have delivered d's message
+// again while d was held here: its keep-alives could not reach the server
+// (a disconnection or reconnection since d arrived) or it was held for an
+// AckWait or more.
+func (d *delivery) mayOverlap() bool {
+	return !d.nc.IsConnected() || d.nc.Stats().Reconnects != d.reconnects || time.Since(d.arrived) >= 3*d.every
+}
 
 // minNakDelay is the shortest delay Retry asks for. The server records
 // the time of a Nak that has a delay in the consumer's stored state, but
@@ -211,8 +237,21 @@ func (d *delivery) Retry(delay time.Duration) error {
 }
 
 // Terminate tells the server never to deliver the message again, with the
-// reason (it appears in the server's terminated-message advisory).
+// reason (it appears in the server's terminated-message advisory). The
+// broker calls it after storing the dead letter. For a message delivered
+// before (not redriven), the idempotency store is asked first
+// (WithDedupCheck) whether another delivery of it succeeded meanwhile: if
+// so the dead letter just stored is deleted, and the message ends
+// delivered.
 func (d *delivery) Terminate(reason string) error {
+	if d.l != nil && d.redelivered && !d.redriven && d.l.deliveredElsewhere(d) {
+		d.l.dropDeadLetter(d, "natsjs: a message dead-lettered here was delivered by another delivery of it meanwhile (the server delivered it again during a reconnection); its dead letter is deleted")
+	}
+	return d.term(reason)
+}
+
+// term sends the termination.
+func (d *delivery) term(reason string) error {
 	return d.nc.Publish(d.reply, []byte("+TERM "+reason))
 }
 

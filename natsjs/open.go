@@ -121,6 +121,9 @@ func newBroker(ctx context.Context, js jetstream.JetStream, own *Conn, cfg Confi
 		}
 	}
 	topts := []TransportOption{WithDeadLetterCheck(dlq)}
+	if dedup != nil {
+		topts = append(topts, WithDedupCheck(dedup))
+	}
 	if cfg.Logger != nil {
 		topts = append(topts, WithLogger(cfg.Logger))
 	}

@@ -570,6 +570,7 @@ func (l *partitionLoop) handle(m *nats.Msg) {
 	d := &delivery{
 		nc: l.nc, reply: m.Reply, msg: msg, redriven: redriven, every: s.t.cfg.ackWait / 3,
 		dlID: deadLetterID(meta.Stream, meta.Sequence.Stream, meta.Timestamp, s.sub.Name),
+		l:    l, redelivered: meta.NumDelivered > 1, arrived: time.Now(), reconnects: l.nc.Stats().Reconnects,
 	}
 	// A message delivered before may have been dead-lettered by a process
 	// that died before the server heard of it. The server's delivery count
@@ -648,7 +649,7 @@ func (l *partitionLoop) deadLettered(d *delivery) bool {
 	if err != nil || found == nil {
 		return false // the broker decides; at worst the dead letter is written again, replacing this one
 	}
-	if err := d.Terminate("dead-lettered before a restart"); err != nil {
+	if err := d.term("dead-lettered before a restart"); err != nil {
 		l.logAttrs(slog.LevelWarn, "natsjs: terminating a message already dead-lettered failed; it comes back", err)
 	}
 	return true
@@ -678,6 +679,59 @@ func (l *partitionLoop) storedDeadLetter(id string) (dl *broker.DeadLetter, err 
 		return nil, err
 	}
 	return &got, nil
+}
+
+// deliveredElsewhere asks the idempotency store (WithDedupCheck) whether
+// d's message was delivered to the subscriber. A failure or a panic there
+// counts as "no" (logged): the dead letter then stays, as before.
+func (l *partitionLoop) deliveredElsewhere(d *delivery) (seen bool) {
+	store := l.s.t.cfg.dedup
+	if store == nil {
+		return false
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			seen = false
+			l.logAttrs(slog.LevelError, "natsjs: the idempotency store panicked; the dead letter stays", fmt.Errorf("natsjs: IdempotencyStore.Seen panicked: %v", v))
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	seen, err := store.Seen(ctx, broker.DeliveryKey{Topic: d.msg.Topic, Subscriber: l.s.sub.Name, MessageID: d.msg.ID, PublishedAt: d.msg.PublishedAt})
+	if err != nil {
+		l.logAttrs(slog.LevelWarn, "natsjs: idempotency store lookup before terminating failed; the dead letter stays", err)
+		return false
+	}
+	return seen
+}
+
+// dropDeadLetter deletes d's dead letter when the store (WithDeadLetterCheck)
+// holds one of d's message, logging why (msg). A failure or a panic there
+// is logged: the dead letter then stays.
+func (l *partitionLoop) dropDeadLetter(d *delivery, msg string) {
+	store := l.s.t.cfg.deadLetters
+	if store == nil {
+		return
+	}
+	dl, err := l.storedDeadLetter(d.dlID)
+	if err != nil || dl == nil || dl.Subscriber != l.s.sub.Name || !sameMessage(&dl.Message, &d.msg) {
+		return
+	}
+	err = func() (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				err = fmt.Errorf("natsjs: DeadLetterStore.Delete panicked: %v", v)
+			}
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return store.Delete(ctx, d.dlID)
+	}()
+	if err != nil {
+		l.logAttrs(slog.LevelError, "natsjs: deleting the dead letter of a delivered message failed; it stays", err)
+		return
+	}
+	l.logAttrs(slog.LevelWarn, msg+" (dead letter "+strconv.Quote(d.dlID)+")", errors.New("two deliveries of one message overlapped"))
 }
 
 // acquire takes a slot, telling the server the message is held meanwhile

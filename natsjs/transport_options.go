@@ -66,7 +66,8 @@ type transportConfig struct {
 	replicas      int
 	pullExpiry    time.Duration
 	logger        *slog.Logger
-	deadLetters   broker.DeadLetterStore // checked before redelivering a message; nil: not checked
+	deadLetters   broker.DeadLetterStore  // checked before redelivering a message; nil: not checked
+	dedup         broker.IdempotencyStore // checked before terminating a redelivered message; nil: not checked
 }
 
 func newTransportConfig(opts []TransportOption) (transportConfig, error) {
@@ -245,6 +246,28 @@ func WithDeadLetterCheck(s broker.DeadLetterStore) TransportOption {
 			return fmt.Errorf("%w: nil dead-letter store", ErrInvalidOption)
 		}
 		c.deadLetters = s
+		return nil
+	}
+}
+
+// WithDedupCheck makes the transport ask s, the broker's idempotency store,
+// before it terminates a message delivered more than once whose dead
+// letter the broker has just stored, whether the message was delivered
+// meanwhile: after a server restart or a reconnection the server can
+// deliver a message again while another process still runs its earlier
+// delivery, and one delivery may then succeed while the other is
+// dead-lettered. When s has it delivered, the dead letter is deleted and
+// the message ends delivered only. (The other half: a delivery that ran
+// across a reconnection, or for longer than the AckWait, deletes a dead
+// letter of its message it finds after succeeding; see
+// WithDeadLetterCheck.) New and Open set it to the broker's idempotency
+// store, unless Config.NoDedup.
+func WithDedupCheck(s broker.IdempotencyStore) TransportOption {
+	return func(c *transportConfig) error {
+		if s == nil {
+			return fmt.Errorf("%w: nil idempotency store", ErrInvalidOption)
+		}
+		c.dedup = s
 		return nil
 	}
 }
