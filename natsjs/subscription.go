@@ -290,14 +290,26 @@ func (l *partitionLoop) run() {
 		retrying = true
 		backoff = min(2*backoff, retryMax)
 	}
+	// offline: the server is going away (409 Server Shutdown) or the
+	// connection is down: no pull until the connection is back (CONNECTED),
+	// or retryMax at the latest.
+	offline := false
+	waitConnection := func() {
+		offline = true
+		retry.Reset(retryMax)
+		retrying = true
+	}
 	outstanding := false // the pull on reply subject cur waits at the server
 	left := 0            // messages the outstanding pull may still bring
 	var cur string
+	var curReconnects uint64 // the connection's reconnections when cur was sent
 	var pulls uint64
 	var req []byte
 	for {
 		if n := l.pullSize(); n > 0 && !outstanding && !retrying {
+			offline = false
 			pulls++
+			curReconnects = l.nc.Stats().Reconnects
 			cur = l.prefix + "." + strconv.FormatUint(pulls, 10)
 			left = n
 			exp := l.s.t.cfg.pullExpiry
@@ -333,13 +345,19 @@ func (l *partitionLoop) run() {
 		case <-retry.C:
 			retrying = false
 		case st := <-l.status:
-			if st == nats.CONNECTED { // a pull sent before is gone with the old connection, or expires
+			if st == nats.CONNECTED { // a pull sent before is gone with the old connection, or expires: pull now
 				outstanding = false
 				silence.Stop()
+				retry.Stop()
+				retrying, offline, backoff = false, false, retryFirst
 			}
 		case <-silence.C:
-			l.logAttrs(slog.LevelWarn, "natsjs: no heartbeat from the server for two intervals; pulling again", errors.New("pull silent"))
 			outstanding = false
+			if !l.nc.IsConnected() { // disconnected: the pull waits for the connection
+				waitConnection()
+				break
+			}
+			l.logAttrs(slog.LevelWarn, "natsjs: no heartbeat from the server for two intervals; pulling again", errors.New("pull silent"))
 		case m := <-l.inbox:
 			code, desc := m.Header.Get("Status"), m.Header.Get("Description")
 			switch {
@@ -366,15 +384,40 @@ func (l *partitionLoop) run() {
 			case code == "408", code == "404": // the pull expired, or found nothing
 				outstanding = false
 				silence.Stop()
-			case code == "409" && strings.Contains(desc, "Consumer Deleted"), code == "503":
-				// The consumer is gone (no one answers its pull subject):
-				// create it again, delivering from now on.
+			case code == "409" && strings.Contains(desc, "Server Shutdown"):
+				// A planned restart (or this server leaving its cluster):
+				// pull again once the connection is back, from the server
+				// it is back on; at once if it is back already.
 				outstanding = false
 				silence.Stop()
-				l.logAttrs(slog.LevelWarn, "natsjs: the consumer is gone; creating it again", errors.New(code+" "+desc))
-				if !l.recreate(&backoff) {
-					l.drain()
-					return
+				if l.nc.Stats().Reconnects == curReconnects {
+					waitConnection()
+				}
+			case code == "503" && offline:
+				// No one answers the pull subject of a server going away.
+				outstanding = false
+				silence.Stop()
+			case code == "409" && strings.Contains(desc, "Consumer Deleted"), code == "503":
+				// The consumer was deleted, or no one answers its pull
+				// subject (deleted, or the server is shutting down or not
+				// ready yet): create it again, delivering from now on, only
+				// when the server says it does not exist.
+				outstanding = false
+				silence.Stop()
+				switch gone, err := l.consumerGone(code, desc); {
+				case !gone && !l.nc.IsConnected():
+					waitConnection()
+				case !gone:
+					if err != nil {
+						l.logAttrs(slog.LevelInfo, "natsjs: pull not answered ("+code+" "+desc+"); pulling again", err)
+					}
+					later()
+				default:
+					l.logAttrs(slog.LevelWarn, "natsjs: the consumer is gone; creating it again", errors.New(code+" "+desc))
+					if !l.recreate(&backoff) {
+						l.drain()
+						return
+					}
 				}
 			default: // 409 leadership change, max waiting exceeded, ...: pull again, paced
 				outstanding = false
@@ -426,11 +469,38 @@ func (l *partitionLoop) pause(backoff *time.Duration) bool {
 	}
 }
 
+// consumerGone reports whether the server says the loop's consumer does
+// not exist, after a pull ended with code and desc: a deletion the server
+// announced ("409 Consumer Deleted") is taken at its word, else the
+// consumer is looked up (an error there: not known to be gone).
+func (l *partitionLoop) consumerGone(code, desc string) (bool, error) {
+	if code == "409" {
+		return true, nil
+	}
+	if !l.nc.IsConnected() {
+		return false, nats.ErrConnectionReconnecting
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), consumerLookupTimeout)
+	defer cancel()
+	_, err := l.s.t.js.Consumer(ctx, l.s.ts.stream, l.name)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		return true, nil
+	}
+	return false, err
+}
+
+// consumerLookupTimeout bounds consumerGone's lookup, which the server
+// answers in milliseconds: one sent just before the connection is lost is
+// never answered (nats.go does not send it again), and the loop must not
+// wait long for it.
+const consumerLookupTimeout = time.Second
+
 // recreate creates the consumer again, pacing the attempts, until it
-// succeeds (true) or Stop is called (false).
+// succeeds (true) or Stop is called (false). While the connection is down
+// it waits for it instead of sending requests that cannot be answered.
 func (l *partitionLoop) recreate(backoff *time.Duration) bool {
 	for {
-		if !l.pause(backoff) {
+		if !l.pause(backoff) || !l.connected() {
 			return false
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -441,6 +511,23 @@ func (l *partitionLoop) recreate(backoff *time.Duration) bool {
 		}
 		l.logAttrs(slog.LevelError, "natsjs: cannot create the consumer again; retrying", err)
 	}
+}
+
+// connected waits until the connection is up (true) or Stop is called
+// (false), keeping the queued keyless messages alive meanwhile.
+func (l *partitionLoop) connected() bool {
+	for !l.nc.IsConnected() {
+		select {
+		case <-l.s.stopping:
+			return false
+		case <-l.status: // CONNECTED
+		case l.free() <- struct{}{}:
+			l.start()
+		case <-l.alive:
+			l.keepQueuedAlive()
+		}
+	}
+	return true
 }
 
 // drain stops the inbox: the server learns it has no one to deliver to,
