@@ -34,7 +34,12 @@ const (
 	// DefaultAckWait is how long the server waits for a delivery's outcome
 	// before it delivers the message again; a running handler is reported
 	// alive every third of it, so it only ends the delivery of a process
-	// that died.
+	// that died. It is also how long such a message waits: after a crash,
+	// a message that was in flight is delivered again 20 to 30 s later
+	// (the AckWait less the time since its last keep-alive), and with
+	// one partition (DefaultPartitions) every keyed message of the topic
+	// waits behind it. For fast recovery set WithAckWait(time.Second) and
+	// WithPartitions(4), as the examples do.
 	DefaultAckWait = 30 * time.Second
 	// MinAckWait is the shortest AckWait accepted.
 	MinAckWait = 100 * time.Millisecond
@@ -181,6 +186,18 @@ func WithPublishDedupWindow(d time.Duration) TransportOption {
 
 // WithStreamStorage picks file (the default: survives restarts) or memory
 // storage for the topics' streams the transport creates.
+//
+// A memory stream lives only as long as its server: a restart of a single
+// server (an embedded one included) loses the stream, every message not yet
+// acknowledged by every subscriber, and the subscribers' consumers. The
+// transport creates the stream again at the next Publish (that Publish
+// fails) and each subscribed process its consumers when its pull goes
+// unanswered, delivering from then on: a message published before the
+// consumers are back is not kept (interest retention), and sequences start
+// again at 1 (dead-letter IDs stay unique; see delivery IDs in the
+// README). On a cluster, a memory stream with replicas survives the
+// restart of one of its servers. The dead-letter and dedup stores keep
+// their own storage (WithStorage, file by default).
 func WithStreamStorage(st jetstream.StorageType) TransportOption {
 	return func(c *transportConfig) error {
 		if err := validStorage(st); err != nil {
