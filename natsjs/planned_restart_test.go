@@ -132,7 +132,18 @@ func plannedRestarts(t *testing.T, wait time.Duration, opts []nats.Option) {
 	var worst time.Duration
 	var all []time.Duration
 	for round := range restarts {
-		time.Sleep(testPullExpiry) // the pulls are at the server, heartbeating
+		waitFor(t, "a pull waiting at every partition", func() bool {
+			infos, err := r.tr.ConsumerInfo(t.Context(), topic, "s")
+			if err != nil {
+				return false
+			}
+			for _, in := range infos[:parts] {
+				if in.NumWaiting == 0 {
+					return false
+				}
+			}
+			return true
+		})
 		srv.stop(t)
 		srv.start(t)
 		ready := time.Now()
