@@ -178,3 +178,50 @@ func TestOneEndStateWhenDeliveriesOverlap(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseDuringAnOutage: a handler that succeeds while the connection is
+// down makes its delivery look its dead letter up (it may have overlapped
+// another), which cannot be answered until the server is back. A Close
+// whose deadline passes meanwhile cancels that lookup: the delivery ends
+// (InFlight 0) within the grace, not after the lookup's 10 s timeout.
+func TestCloseDuringAnOutage(t *testing.T) {
+	srv := newRestartable(t)
+	conn := srv.client(t)
+	dlq, _ := stores(t, conn)
+	tr, err := natsjs.NewTransport(conn.JetStream(), natsjs.WithLogger(discardLogger), natsjs.WithDeadLetterCheck(dlq), natsjs.WithPartitions(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := broker.New(broker.WithTransport(tr), broker.WithDeadLetterStore(dlq), broker.WithIdempotencyStore(nil), quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const topic = "outage"
+	running, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	if _, err := b.Subscribe(topic, "s", func(context.Context, broker.Message) error {
+		once.Do(func() { close(running) })
+		<-release
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Publish(t.Context(), broker.Message{ID: "m", Topic: topic, Key: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	within(t, "the handler to run", 10*time.Second, running)
+	srv.stop(t)
+	waitFor(t, "the client to notice", func() bool { return !conn.NATS().IsConnected() })
+	close(release)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_ = b.Close(ctx) // past its deadline: the message stays with the server, which is away
+	most := time.Now().Add(broker.ShutdownGrace + time.Second)
+	for subStats(b, topic, "s").InFlight != 0 {
+		if time.Now().After(most) {
+			t.Fatalf("the delivery still runs %v after Close returned", broker.ShutdownGrace+time.Second)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -742,6 +742,25 @@ func (l *partitionLoop) deadLettered(d *delivery) bool {
 	return true
 }
 
+// storeCtx is the context of a call to a store on a delivery's path:
+// at most storeTimeout, and cancelled when the broker stops the
+// subscription at once (Stopping), so that a store unreachable during an
+// outage cannot hold a stop past its deadline.
+func (l *partitionLoop) storeCtx() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	go func() { // ends with ctx: at the call's end (cancel), its timeout or the stop
+		select {
+		case <-l.s.sub.Stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// storeTimeout bounds a store call on a delivery's path.
+const storeTimeout = 10 * time.Second
+
 // sameMessage reports whether a dead letter's message is m: same topic,
 // ID and publish time.
 func sameMessage(dl, m *broker.Message) bool {
@@ -759,7 +778,7 @@ func (l *partitionLoop) storedDeadLetter(id string) (dl *broker.DeadLetter, err 
 			l.logAttrs(slog.LevelError, "natsjs: the dead-letter store panicked; the broker decides", err)
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := l.storeCtx()
 	defer cancel()
 	got, ok, err := l.s.t.cfg.deadLetters.Get(ctx, id)
 	if err != nil || !ok {
@@ -782,7 +801,7 @@ func (l *partitionLoop) deliveredElsewhere(d *delivery) (seen bool) {
 			l.logAttrs(slog.LevelError, "natsjs: the idempotency store panicked; the dead letter stays", fmt.Errorf("natsjs: IdempotencyStore.Seen panicked: %v", v))
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := l.storeCtx()
 	defer cancel()
 	seen, err := store.Seen(ctx, broker.DeliveryKey{Topic: d.msg.Topic, Subscriber: l.s.sub.Name, MessageID: d.msg.ID, PublishedAt: d.msg.PublishedAt})
 	if err != nil {
@@ -810,7 +829,7 @@ func (l *partitionLoop) dropDeadLetter(d *delivery, msg string) {
 				err = fmt.Errorf("natsjs: DeadLetterStore.Delete panicked: %v", v)
 			}
 		}()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := l.storeCtx()
 		defer cancel()
 		return store.Delete(ctx, d.dlID)
 	}()
