@@ -56,19 +56,24 @@ type DeadLetter struct {
 	FailedAt time.Time
 }
 
-// DeadLetterFilter selects dead letters in List. Empty fields match
-// everything; Limit 0 means no limit.
+// DeadLetterFilter selects dead letters in List and RedriveMatching. Each
+// field set must match exactly; empty fields match everything; Limit 0
+// means no limit.
 type DeadLetterFilter struct {
 	Topic, Subscriber, ErrorCode string
-	Limit                        int
+	// Reason is one of the Reason constants (ReasonOverflow: what a
+	// shedding subscriber dropped).
+	Reason string
+	Limit  int
 }
 
-// Match reports whether dl satisfies the filter's Topic, Subscriber and
-// ErrorCode (Limit is the store's business).
+// Match reports whether dl satisfies the filter's Topic, Subscriber,
+// ErrorCode and Reason (Limit is the store's business).
 func (f DeadLetterFilter) Match(dl DeadLetter) bool {
 	return (f.Topic == "" || f.Topic == dl.Message.Topic) &&
 		(f.Subscriber == "" || f.Subscriber == dl.Subscriber) &&
-		(f.ErrorCode == "" || f.ErrorCode == dl.ErrorCode)
+		(f.ErrorCode == "" || f.ErrorCode == dl.ErrorCode) &&
+		(f.Reason == "" || f.Reason == dl.Reason)
 }
 
 // Validate reports a malformed filter (a negative Limit), wrapping

@@ -32,6 +32,8 @@ type dlFaults struct {
 	prefixTopic         bool // List matches Filter.Topic as a prefix
 	ignoreSubscriber    bool // List ignores Filter.Subscriber
 	ignoreCode          bool // List ignores Filter.ErrorCode
+	ignoreReason        bool // List ignores Filter.Reason
+	prefixReason        bool // List matches Filter.Reason as a prefix
 	ignoreLimit         bool // List ignores Filter.Limit
 	limitBeforeFilter   bool // List takes Limit dead letters, then filters them
 	acceptNegativeLimit bool // List takes a negative Limit as no limit
@@ -115,7 +117,9 @@ func (s *sliceStore) List(ctx context.Context, f broker.DeadLetterFilter) ([]bro
 			s.f.prefixTopic && strings.HasPrefix(dl.Message.Topic, f.Topic)
 		subOK := f.Subscriber == "" || s.f.ignoreSubscriber || dl.Subscriber == f.Subscriber
 		codeOK := f.ErrorCode == "" || s.f.ignoreCode || dl.ErrorCode == f.ErrorCode
-		if !topicOK || !subOK || !codeOK {
+		reasonOK := f.Reason == "" || s.f.ignoreReason || dl.Reason == f.Reason ||
+			s.f.prefixReason && strings.HasPrefix(dl.Reason, f.Reason)
+		if !topicOK || !subOK || !codeOK || !reasonOK {
 			continue
 		}
 		out = append(out, dl)

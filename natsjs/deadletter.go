@@ -179,7 +179,8 @@ const listBatch = 256
 
 // List returns the dead letters matching f, oldest first. The server
 // filters by topic, subscriber and error code; List reads the matches
-// through a temporary consumer (in memory, deleted when List returns).
+// through a temporary consumer (in memory, deleted when List returns) and
+// filters them by reason itself (the reason is not in the subject).
 func (s *DeadLetterStore) List(ctx context.Context, f broker.DeadLetterFilter) ([]broker.DeadLetter, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("natsjs: list dead letters: %w", err)
@@ -225,7 +226,7 @@ func (s *DeadLetterStore) List(ctx context.Context, f broker.DeadLetterFilter) (
 			if err != nil {
 				return nil, err
 			}
-			if !f.Match(dl) { // only a SHA-256 collision of two long names
+			if !f.Match(dl) { // another reason, or a SHA-256 collision of two long names
 				continue
 			}
 			// An ID listed twice was put again while this List ran, or its
