@@ -81,7 +81,7 @@ func New(opts ...Option) (*Broker, error) {
 	if !cfg.dedupSet {
 		cfg.dedup = NewMemoryIdempotencyStore(DefaultDedupWindow, DefaultDedupEntries)
 	}
-	cfg.policy = cfg.policy.normalized()
+	cfg.policy = cfg.policy.over(DefaultRetryPolicy()) // rules resolved per subscriber (normalized)
 	b := &Broker{
 		cfg:       cfg,
 		seed:      maphash.MakeSeed(),

@@ -44,10 +44,9 @@ type DeadLetter struct {
 	// Error is the text of the last error.
 	Error string
 	// Retryable reports whether the policy allowed retries for the last
-	// error's code: false for a Permanent error, a panic without a ByCode
-	// rule, or a code whose ByCode rule has MaxRetries 0; true under a
-	// policy-wide MaxRetries of 0 (its dead letter is exhausted, not
-	// permanent).
+	// error's code: false for a Permanent error or a code whose ByCode rule
+	// has NoRetries; true under a policy-wide NoRetries (its dead letter is
+	// exhausted, not permanent).
 	Retryable bool
 	// Reason is one of ReasonExhausted, ReasonPermanent, ReasonShutdown,
 	// ReasonUnsubscribed, ReasonOverflow, ReasonBudget.

@@ -144,7 +144,7 @@ func TestMiddlewarePanicIsGuarded(t *testing.T) {
 		require.Len(t, dls, 1, "the message ends in exactly one state")
 		assert.Equal(t, CodePanic, dls[0].ErrorCode)
 		st := b.Stats()
-		assert.Equal(t, uint64(1), st.PluginPanics)
+		assert.Equal(t, uint64(3), st.PluginPanics, "retried like a handler's panic: once per attempt (MaxRetries 2)")
 		requireConserved(t, st)
 	})
 }
