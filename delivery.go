@@ -343,7 +343,10 @@ func (p *pipeline) call(ctx context.Context, msg *Message) (err error, timedOut 
 }
 
 // safeCall runs the handler on its own copy of the message, with its own
-// copy of Headers (it may add to them), turning a panic into a *PanicError.
+// Headers map (it may write to it), turning a panic into a *PanicError.
+// A message published without headers gets an empty map: one small
+// allocation per call, which the handler may keep (a map reused from call
+// to call would be shared with a handler that holds on to its message).
 func (p *pipeline) safeCall(ctx context.Context, msg *Message) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
@@ -353,6 +356,8 @@ func (p *pipeline) safeCall(ctx context.Context, msg *Message) (err error) {
 	m := *msg
 	if m.Headers != nil {
 		m.Headers = maps.Clone(m.Headers)
+	} else {
+		m.Headers = make(map[string]string)
 	}
 	return p.handler(ctx, m)
 }
