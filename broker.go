@@ -56,6 +56,8 @@ type Broker struct {
 	dlPrefix string        // makes dead-letter IDs unique across brokers and restarts
 	dlSeq    atomic.Uint64 // dead-letter sequence
 	redrive  chan struct{} // holds a token while a Redrive runs, so a dead letter is redriven once
+
+	logs *logLimits // what could flood the log, rate-limited
 }
 
 // New returns a running broker configured by opts. It fails with an error
@@ -90,6 +92,11 @@ func New(opts ...Option) (*Broker, error) {
 		dlPrefix:  newDeadLetterPrefix(time.Now()),
 	}
 	b.mem, _ = cfg.dedup.(*MemoryIdempotencyStore)
+	var window time.Duration
+	if b.mem != nil {
+		window = b.mem.window
+	}
+	b.logs = newLogLimits(cfg.logger, window)
 	b.panics = panics
 	b.guard = guard{panics: panics, log: cfg.logger}
 	b.dlq = guardedDLQ{s: cfg.dlq, g: b.guard}

@@ -44,7 +44,7 @@ func (b *Broker) newPipeline(topicName, name string, c *subCounters, h Handler, 
 		handler: h, timeout: sc.timeout, policy: policy, dedup: b.dedup, plugins: b.guard,
 		rec: recorder{
 			topic: topicName, subscriber: name, c: c,
-			obs: obs, log: b.cfg.logger, dlq: b.dlq, newID: b.newDeadLetterID,
+			obs: obs, log: b.cfg.logger, limits: b.logs, dlq: b.dlq, newID: b.newDeadLetterID,
 			onDeadLetter: onDeadLetter, stop: stop,
 		},
 	}

@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"context"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -352,6 +354,11 @@ func (t *topic) unrouted(msg *Message) {
 	t.tally.unrouted.Add(1)
 	if t.b.obs != nil {
 		t.b.obs.Unrouted(UnroutedEvent{Topic: t.name, MessageID: msg.ID})
+	}
+	if log := t.b.cfg.logger; log.Enabled(context.Background(), slog.LevelInfo) && t.b.logs.unrouted.allow(logKey{topic: t.name}) {
+		log.LogAttrs(context.Background(), slog.LevelInfo,
+			"broker: message published to a topic without a subscriber, counted Unrouted and dropped; subscribe before publishing",
+			slog.String("topic", t.name), slog.String("message_id", msg.ID))
 	}
 }
 

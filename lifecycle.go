@@ -54,6 +54,7 @@ func (b *Broker) Close(ctx context.Context) error {
 	}
 	if b.remote != nil {
 		b.closeErr = b.closeRemote(ctx)
+		b.logs.flush()
 		close(b.closeDone)
 		return b.closeErr
 	}
@@ -97,6 +98,7 @@ func (b *Broker) Close(ctx context.Context) error {
 	if n, lost := b.shutdownDLs.Load(), b.lost.Load()-lostBefore; n > 0 || lost > 0 {
 		b.closeErr = &DrainError{Reason: ReasonShutdown, DeadLettered: int(n), Abandoned: int(b.abandoned.Load()), Lost: int(lost), Err: ctx.Err()}
 	}
+	b.logs.flush()
 	close(b.closeDone)
 	return b.closeErr
 }

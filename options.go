@@ -117,6 +117,23 @@ func WithIdempotencyStore(s IdempotencyStore) Option {
 
 // WithLogger sets the logger (default slog.Default()). nil is refused; use
 // slog.New(slog.DiscardHandler) for none.
+//
+// What the broker logs by default, so that no mistake is silent and no
+// flood drowns the log:
+//   - a dead letter: one Warn line with every contract field, up to 10 a
+//     second per subscriber and reason; past that, one Warn summary line
+//     a second with the count. A dead letter the store refused is logged
+//     at Error, every one, never folded into a summary.
+//   - a message published to a topic without a subscriber (counted
+//     Unrouted): Info, with the hint "subscribe before publishing";
+//   - a duplicate message ID skipped at a subscriber (counted
+//     Deduplicated): Info, with the dedup window and the hint that an ID
+//     names one message, not an entity.
+//
+// Each of the last two is logged once a minute per topic (unrouted) or
+// per subscriber (duplicate), at most 10 times a minute in all; then one
+// Info summary line a minute counts the rest. The logger's level and
+// handler are how to silence them. Close logs the summaries still due.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		if l == nil || l.Handler() == nil {
