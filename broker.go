@@ -174,8 +174,8 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	if err == queue.ErrStopped {
 		err = fmt.Errorf("broker: publish %q to %q: %w", msg.ID, msg.Topic, ctx.Err())
 	} else {
-		err = fmt.Errorf("%w: publish %q to %q: topic queue of %d stayed full for %v",
-			ErrQueueFull, msg.ID, msg.Topic, t.q.Cap(), b.cfg.publishTimeout)
+		err = fmt.Errorf("%w: publish %q to %q: topic queue of %d stayed full for %v%s",
+			ErrQueueFull, msg.ID, msg.Topic, t.q.Cap(), b.cfg.publishTimeout, t.holder())
 	}
 	t.tally.rejected.Add(1)
 	if b.obs != nil {

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,18 @@ func (t *topic) blockStart(s *Subscription, start time.Time) {
 	t.blockMu.Lock()
 	t.blocked = blockedOn{s: s, since: start}
 	t.blockMu.Unlock()
+}
+
+// holder says, for an ErrQueueFull, which subscriber's full lane holds the
+// topic's dispatcher (TopicStats.BlockedOn), if one does.
+func (t *topic) holder() string {
+	t.blockMu.Lock()
+	s := t.blocked.s
+	t.blockMu.Unlock()
+	if s == nil {
+		return ""
+	}
+	return fmt.Sprintf(": subscriber %q holds it, its lane of %d is full (Stats: BlockedOn; LaneSize, WhenLaneFull)", s.name, s.lane.capacity)
 }
 
 // blockEnd moves the dispatcher's wait of d for s into s's total.

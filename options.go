@@ -65,7 +65,11 @@ func WithQueueSize(n int) Option {
 
 // WithPublishTimeout sets how long Publish waits for room in a full queue
 // before it returns ErrQueueFull; 0 fails at once (default
-// DefaultPublishTimeout). Negative durations are refused.
+// DefaultPublishTimeout). Negative durations are refused. A producer
+// faster than a subscriber under Block fills that subscriber's lane, then
+// the topic queue; from then on each Publish waits up to this long for
+// room, and is refused when none comes: backpressure slows a producer
+// before it refuses one.
 func WithPublishTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 {
