@@ -109,7 +109,8 @@ type DeadLetterStore interface {
 
 // MemoryDeadLetterStore is the default DeadLetterStore: bounded, in memory,
 // oldest first. When full, Put evicts the oldest dead letter, logs it at
-// Warn level and counts it (Evicted). It is safe for concurrent use.
+// Warn level (10 lines a second, then one summary line a second with the
+// count) and counts it (Evicted). It is safe for concurrent use.
 //
 // Dead letters sit in a ring in the order they were put, with an index by
 // ID; Delete leaves a hole that is dropped when it reaches the front, or
@@ -119,6 +120,7 @@ type DeadLetterStore interface {
 type MemoryDeadLetterStore struct {
 	capacity int
 	logger   *slog.Logger
+	evictLog *logLimit // rate-limits the eviction lines
 	evicted  atomic.Uint64
 
 	mu    sync.Mutex        // guards the fields below
@@ -145,7 +147,9 @@ func NewMemoryDeadLetterStore(capacity int, logger *slog.Logger) *MemoryDeadLett
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &MemoryDeadLetterStore{capacity: capacity, logger: logger, byID: make(map[string]uint64)}
+	return &MemoryDeadLetterStore{capacity: capacity, logger: logger, byID: make(map[string]uint64),
+		evictLog: newLogLimit(logger, slog.LevelWarn, "broker: more dead letters evicted from the full store",
+			deadLetterWindow, deadLetterLines, 0, false)}
 }
 
 // Put stores dl, evicting the oldest dead letter if the store is full. A
@@ -172,6 +176,9 @@ func (s *MemoryDeadLetterStore) Put(ctx context.Context, dl DeadLetter) error {
 	s.mu.Unlock()
 	if evicted {
 		n := s.evicted.Add(1)
+		if !s.logger.Enabled(ctx, slog.LevelWarn) || !s.evictLog.allow(logKey{}) {
+			return nil
+		}
 		s.logger.LogAttrs(ctx, slog.LevelWarn, "broker: dead-letter store full, evicted oldest",
 			slog.String("dead_letter_id", victim.ID),
 			slog.String("topic", victim.Message.Topic),

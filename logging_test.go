@@ -162,3 +162,22 @@ func TestRefusedDeadLettersAreNeverFolded(t *testing.T) {
 		assert.Empty(t, logs.matching("more dead letters not logged"))
 	})
 }
+
+// TestEvictionLinesAreRateLimited: a full in-memory store logs its
+// evictions 10 a second, then one summary line with the count.
+func TestEvictionLinesAreRateLimited(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		var logs logLines
+		st := NewMemoryDeadLetterStore(2, slog.New(&logs))
+		for i := range 50 {
+			require.NoError(t, st.Put(context.Background(), DeadLetter{ID: fmt.Sprint("d", i), Subscriber: "s"}))
+		}
+		assert.Equal(t, uint64(48), st.Evicted())
+		assert.Len(t, logs.matching("WARN", "evicted oldest"), deadLetterLines)
+		time.Sleep(deadLetterWindow)
+		idle()
+		summary := logs.matching("WARN", "more dead letters evicted")
+		require.Len(t, summary, 1)
+		assert.Contains(t, summary[0], "suppressed=38")
+	})
+}

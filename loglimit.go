@@ -39,7 +39,8 @@ type logKey struct{ topic, subscriber, reason string }
 // summary is logged without the lock held.
 type logLimit struct {
 	log     *slog.Logger
-	msg     string // the summary line's message
+	level   slog.Level // of the summary lines
+	msg     string     // the summary line's message
 	window  time.Duration
 	perKey  int
 	overall int
@@ -58,8 +59,8 @@ type logLimit struct {
 	closed  bool           // flushed for good: lines are held without a timer
 }
 
-func newLogLimit(log *slog.Logger, msg string, window time.Duration, perKey, overall int, perKeySummary bool) *logLimit {
-	return &logLimit{log: log, msg: msg, window: window, perKey: perKey, overall: overall, perKeySummary: perKeySummary}
+func newLogLimit(log *slog.Logger, level slog.Level, msg string, window time.Duration, perKey, overall int, perKeySummary bool) *logLimit {
+	return &logLimit{log: log, level: level, msg: msg, window: window, perKey: perKey, overall: overall, perKeySummary: perKeySummary}
 }
 
 // allow reports whether a line for k may be logged now; if not, it is
@@ -138,12 +139,12 @@ func (l *logLimit) summarise(held map[logKey]int, other int, window time.Duratio
 	ctx := context.Background()
 	if l.perKeySummary {
 		for k, n := range held {
-			l.log.LogAttrs(ctx, slog.LevelWarn, l.msg,
+			l.log.LogAttrs(ctx, l.level, l.msg,
 				slog.String("topic", k.topic), slog.String("subscriber", k.subscriber), slog.String("reason", k.reason),
 				slog.Int("suppressed", n), slog.Duration("window", window))
 		}
 		if other > 0 {
-			l.log.LogAttrs(ctx, slog.LevelWarn, l.msg, slog.Int("suppressed", other), slog.Duration("window", window),
+			l.log.LogAttrs(ctx, l.level, l.msg, slog.Int("suppressed", other), slog.Duration("window", window),
 				slog.Int("keys_over", logKeys))
 		}
 		return
@@ -156,7 +157,7 @@ func (l *logLimit) summarise(held map[logKey]int, other int, window time.Duratio
 	if keys > 0 {
 		attrs = append(attrs, slog.Int("keys", keys))
 	}
-	l.log.LogAttrs(ctx, slog.LevelInfo, l.msg, attrs...)
+	l.log.LogAttrs(ctx, l.level, l.msg, attrs...)
 }
 
 // logLimits are a broker's limiters of lines that could flood its log.
@@ -167,9 +168,9 @@ type logLimits struct {
 
 func newLogLimits(log *slog.Logger, dedupWindow time.Duration) *logLimits {
 	return &logLimits{
-		unrouted:   newLogLimit(log, "broker: more messages published to topics without a subscriber (counted Unrouted); subscribe before publishing", hintWindow, 1, hintLines, false),
-		duplicate:  newLogLimit(log, "broker: more duplicate message IDs skipped (counted Deduplicated)", hintWindow, 1, hintLines, false),
-		deadLetter: newLogLimit(log, "broker: more dead letters not logged one by one", deadLetterWindow, deadLetterLines, 0, true),
+		unrouted:   newLogLimit(log, slog.LevelInfo, "broker: more messages published to topics without a subscriber (counted Unrouted); subscribe before publishing", hintWindow, 1, hintLines, false),
+		duplicate:  newLogLimit(log, slog.LevelInfo, "broker: more duplicate message IDs skipped (counted Deduplicated)", hintWindow, 1, hintLines, false),
+		deadLetter: newLogLimit(log, slog.LevelWarn, "broker: more dead letters not logged one by one", deadLetterWindow, deadLetterLines, 0, true),
 		window:     dedupWindow,
 	}
 }
