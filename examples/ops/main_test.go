@@ -51,7 +51,9 @@ func TestServesMetricsAndAdmin(t *testing.T) {
 		return strings.Contains(get("/metrics"), `subscriber="billing"`)
 	}, 10*time.Second, 50*time.Millisecond, "metrics for the subscribers")
 	// The admin page samples in the background: its first visit, 3 s in,
-	// finds a chart with a history (one sample, without the sampler).
+	// finds a chart with a history (one sample, without the sampler; at
+	// least two with it, whenever in the first second the topic appeared
+	// and however loaded the machine is).
 	time.Sleep(3 * time.Second)
 	var snap struct {
 		Topics []struct {
@@ -64,7 +66,7 @@ func TestServesMetricsAndAdmin(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(get("/admin/api/stats")), &snap))
 	require.NotEmpty(t, snap.Topics)
 	for _, tp := range snap.Topics {
-		assert.GreaterOrEqual(t, len(tp.Chart.Samples), 3, "topic %s: samples at the first visit", tp.Name)
+		assert.GreaterOrEqual(t, len(tp.Chart.Samples), 2, "topic %s: samples at the first visit", tp.Name)
 	}
 	metrics := get("/metrics")
 	for _, want := range []string{`topic="orders"`, `topic="payments"`, "go_goroutines"} {
