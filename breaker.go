@@ -69,6 +69,13 @@ type BreakerPolicy struct {
 // for twice as long (capped). Its state is in SubscriberStats.Breaker; each
 // transition is logged and passed to an Observer that implements
 // BreakerObserver.
+//
+// Over a transport (WithTransport) it works the same: while it is open, a
+// delivery the transport hands over is held in the process, kept alive,
+// and runs when the breaker lets it, at the attempt number it came with;
+// with Concurrency of them held the transport fetches nothing more (what
+// natsjs already pulled waits in the process, kept alive too). A stop at
+// once hands held deliveries back unstarted.
 func CircuitBreaker(p BreakerPolicy) SubscribeOption {
 	return func(c *subConfig) error {
 		p, err := p.normalized()

@@ -76,6 +76,11 @@ func (p FullLanePolicy) String() string {
 // as the lane's capacity wait for the dead-letter store (besides the up
 // to 64 it is storing), the topic's dispatcher waits for room, as under
 // Block.
+//
+// Over a transport (WithTransport) the stream is the buffer and a full one
+// refuses the publish (ErrQueueFull): Subscribe refuses any policy but
+// Block with ErrInvalidOption; size the stream with the transport's
+// limits (natsjs: WithQueueSize).
 func WhenLaneFull(p FullLanePolicy) SubscribeOption {
 	return func(c *subConfig) error {
 		if p < Block || p > DeadLetterOldest {

@@ -96,7 +96,7 @@ func (w *worker) run() {
 					continue // the breaker opened while it waited: back in the queue
 				}
 			}
-			r := s.pipe.turn(s.ctx, it, &w.state)
+			r := s.pipe.turn(s.ctx, it, &w.state, nil)
 			if r.abandoned {
 				s.pipe.ignored(it, r.err)
 				return // the stop that abandoned it did the bookkeeping
