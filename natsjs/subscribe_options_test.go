@@ -151,3 +151,36 @@ func TestWebhookSetupOverJetStream(t *testing.T) {
 		t.Errorf("breaker %q, budget left %d; want closed and some", ss.Breaker, ss.RetryBudgetLeft)
 	}
 }
+
+// TestBreakerHeldAtAStopUsesOneAttempt: a delivery held by an open breaker
+// when a Close's deadline passes is handed back unstarted; the server
+// counted that delivery, so the next process runs it at the attempt after.
+func TestBreakerHeldAtAStopUsesOneAttempt(t *testing.T) {
+	conn := embedded(t, "")
+	r := newRig(t, conn, false, nil)
+	c := &calls{}
+	r.subscribe(t, "held", "s", c.handler("a", func(context.Context, broker.Message) error { return fmt.Errorf("down") }),
+		broker.CircuitBreaker(broker.BreakerPolicy{Failures: 1, OpenFor: time.Minute}))
+	r.publish(t, broker.Message{ID: "m", Topic: "held"})
+	waitFor(t, "the breaker to open", func() bool { return subStats(r.b, "held", "s").Breaker == broker.BreakerOpen })
+	waitFor(t, "the retry held", func() bool { return subStats(r.b, "held", "s").InFlight == 1 })
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := r.b.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("Close took %v with a delivery held by the open breaker", took)
+	}
+	if got := fmt.Sprint(c.attempts("m")); got != "[1]" {
+		t.Fatalf("attempts %s before the stop; want [1]", got)
+	}
+	next := newRig(t, conn, false, nil)
+	c2 := &calls{}
+	next.subscribe(t, "held", "s", c2.handler("b", nil))
+	waitFor(t, "the delivery", func() bool { return subStats(next.b, "held", "s").Delivered == 1 })
+	if got := fmt.Sprint(c2.attempts("m")); got != "[3]" {
+		t.Errorf("attempts %s in the next process; want [3]: attempt 2 was held and handed back", got)
+	}
+}
