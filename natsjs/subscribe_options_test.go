@@ -184,3 +184,23 @@ func TestBreakerHeldAtAStopUsesOneAttempt(t *testing.T) {
 		t.Errorf("attempts %s in the next process; want [3]: attempt 2 was held and handed back", got)
 	}
 }
+
+// TestHandlerTimeoutOverJetStream: an attempt past its HandlerTimeout
+// fails with code "timeout", as in memory.
+func TestHandlerTimeoutOverJetStream(t *testing.T) {
+	conn := embedded(t, "")
+	r := newRig(t, conn, false, nil, broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: broker.NoRetries}))
+	r.subscribe(t, "slow", "s", func(ctx context.Context, _ broker.Message) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}, broker.HandlerTimeout(100*time.Millisecond))
+	r.publish(t, broker.Message{ID: "m", Topic: "slow"})
+	waitFor(t, "the dead letter", func() bool { return subStats(r.b, "slow", "s").DeadLettered == 1 })
+	dls, err := r.dlq.List(t.Context(), broker.DeadLetterFilter{Topic: "slow"})
+	if err != nil || len(dls) != 1 {
+		t.Fatalf("List: %v, %d dead letters; want 1", err, len(dls))
+	}
+	if dls[0].ErrorCode != broker.CodeTimeout || dls[0].Reason != broker.ReasonExhausted {
+		t.Errorf("dead letter code %q reason %q; want timeout, exhausted", dls[0].ErrorCode, dls[0].Reason)
+	}
+}
