@@ -204,3 +204,34 @@ func TestHandlerTimeoutOverJetStream(t *testing.T) {
 		t.Errorf("dead letter code %q reason %q; want timeout, exhausted", dls[0].ErrorCode, dls[0].Reason)
 	}
 }
+
+// TestBreakerOverJetStreamKeyed: a keyed message's retry held by the open
+// breaker blocks its partition's loop as a long handler does, kept alive
+// past several AckWaits: it runs at the attempt it came with, and the
+// partition's next message after it.
+func TestBreakerOverJetStreamKeyed(t *testing.T) {
+	conn := embedded(t, "")
+	const ackWait = 200 * time.Millisecond
+	r := newRig(t, conn, false, []natsjs.TransportOption{natsjs.WithAckWait(ackWait)},
+		broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 5, Backoff: broker.ConstantBackoff(10 * time.Millisecond)}))
+	c := &calls{}
+	var failing atomic.Bool
+	failing.Store(true)
+	r.subscribe(t, "brkk", "s", c.handler("a", func(context.Context, broker.Message) error {
+		if failing.Load() {
+			return fmt.Errorf("down")
+		}
+		return nil
+	}), broker.CircuitBreaker(broker.BreakerPolicy{Failures: 1, OpenFor: time.Second}))
+	r.publish(t, broker.Message{ID: "m1", Key: "k", Topic: "brkk"})
+	r.publish(t, broker.Message{ID: "m2", Key: "k", Topic: "brkk"})
+	waitFor(t, "the breaker to open", func() bool { return subStats(r.b, "brkk", "s").Breaker == broker.BreakerOpen })
+	failing.Store(false)
+	waitFor(t, "both delivered", func() bool { return subStats(r.b, "brkk", "s").Delivered == 2 })
+	if got := fmt.Sprint(c.attempts("m1"), c.attempts("m2")); got != "[1 2] [1]" {
+		t.Errorf("attempts m1, m2: %s; want [1 2] [1]", got)
+	}
+	if all := c.snapshot(); len(all) != 3 || all[2].msg.ID != "m2" {
+		t.Errorf("calls %d, last %q; want 3, m2 last (key order)", len(all), all[len(all)-1].msg.ID)
+	}
+}
