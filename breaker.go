@@ -71,8 +71,9 @@ type BreakerPolicy struct {
 // BreakerObserver.
 //
 // Over a transport (WithTransport) it works the same: while it is open, a
-// delivery the transport hands over is held in the process, kept alive,
-// and runs when the breaker lets it, at the attempt number it came with;
+// delivery the transport hands over is held in the process, kept alive
+// and counted in flight, and runs when the breaker lets it, at the attempt
+// number it came with;
 // with Concurrency of them held the transport fetches nothing more (what
 // natsjs already pulled waits in the process, kept alive too). A stop at
 // once hands held deliveries back unstarted.
