@@ -22,7 +22,6 @@ type hold struct {
 	mu      sync.Mutex
 	br      *breaker      // nil: no breaker
 	changed chan struct{} // closed (and replaced) when the breaker may let a held delivery run
-	stopped bool          // the subscription ended: no timer is armed again
 }
 
 func newHold(s *Subscription, sc subConfig) *hold {
@@ -32,6 +31,7 @@ func newHold(s *Subscription, sc subConfig) *hold {
 	}
 	if sc.breaker != nil {
 		h.br = newBreaker(*sc.breaker)
+		h.br.mu, h.br.wake, h.br.report = &h.mu, h.wakeLocked, s.breakerChanged
 	}
 	if h.limiter == nil && h.br == nil {
 		return nil
@@ -115,29 +115,8 @@ func (h *hold) done(hl health, probe bool) {
 	}
 	h.s.breakerChanged(from, to)
 	if to == BreakerOpen {
-		h.mu.Lock()
-		if h.br.state == BreakerOpen && h.br.timer == nil && !h.stopped {
-			h.br.timer = time.AfterFunc(h.br.openFor, h.halfOpen)
-		}
-		h.mu.Unlock()
+		h.br.arm()
 	}
-}
-
-// halfOpen is the breaker timer's callback: reported before a probe may
-// run, so that observers see it first.
-func (h *hold) halfOpen() {
-	h.mu.Lock()
-	changed := !h.stopped && h.br.halfOpen()
-	h.br.announcing = changed
-	h.mu.Unlock()
-	if !changed {
-		return
-	}
-	h.s.breakerChanged(BreakerOpen, BreakerHalfOpen)
-	h.mu.Lock()
-	h.br.announcing = false
-	h.wakeLocked()
-	h.mu.Unlock()
 }
 
 func (h *hold) wakeLocked() {
@@ -151,7 +130,7 @@ func (h *hold) stop() {
 		return
 	}
 	h.mu.Lock()
-	h.stopped = true
+	h.br.stopped = true
 	h.br.stopTimer()
 	h.mu.Unlock()
 }

@@ -125,7 +125,9 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	}
 	s.lane = newLane(sc.laneSize, sc.concurrency, sc.whenFull, sc.ordered, br, sc.rate > 0)
 	s.lane.shed, s.lane.routed = &c.inFlight, &c.routed
-	s.lane.onBreaker = s.breakerChanged
+	if br != nil {
+		br.report = s.breakerChanged
+	}
 	s.lane.startShedder = s.startShedder
 	if sc.rate > 0 {
 		s.limiter = newTokenBucket(sc.rate, sc.burst)

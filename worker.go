@@ -116,7 +116,7 @@ func (s *Subscription) end(it *laneItem, r turnResult, probe bool) {
 	if to != "" {
 		s.breakerChanged(from, to)
 		if to == BreakerOpen {
-			s.lane.armHalfOpen()
+			s.lane.br.arm()
 		}
 	}
 	if orphan {
