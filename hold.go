@@ -14,10 +14,9 @@ import (
 // nothing held uses up an attempt: it runs when the breaker lets it, at
 // the attempt number it came with.
 
-// hold is a transport subscription's rate limit and breaker. br and its
-// timer are guarded by mu.
+// hold is a transport subscription's rate limit and breaker. br, its
+// timer and changed are guarded by mu.
 type hold struct {
-	s       *Subscription
 	limiter *tokenBucket // nil: no rate limit
 	mu      sync.Mutex
 	br      *breaker      // nil: no breaker
@@ -25,7 +24,7 @@ type hold struct {
 }
 
 func newHold(s *Subscription, sc subConfig) *hold {
-	h := &hold{s: s, changed: make(chan struct{})}
+	h := &hold{changed: make(chan struct{})}
 	if sc.rate > 0 {
 		h.limiter = newTokenBucket(sc.rate, sc.burst)
 	}
@@ -95,7 +94,7 @@ func heldUntil[T any](ctx context.Context, d Delivery, ch <-chan T) bool {
 }
 
 // done records what the delivery that wait let through said about the
-// subscriber (h: none if it did not run), and reports a transition.
+// subscriber (hl: none if it did not run), and reports a transition.
 func (h *hold) done(hl health, probe bool) {
 	if h.br == nil {
 		return
@@ -113,7 +112,7 @@ func (h *hold) done(hl health, probe bool) {
 	if to == "" {
 		return
 	}
-	h.s.breakerChanged(from, to)
+	h.br.report(from, to)
 	if to == BreakerOpen {
 		h.br.arm()
 	}
