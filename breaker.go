@@ -2,6 +2,7 @@ package broker
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/inproc/broker/internal/slide"
@@ -69,6 +70,14 @@ type BreakerPolicy struct {
 // for twice as long (capped). Its state is in SubscriberStats.Breaker; each
 // transition is logged and passed to an Observer that implements
 // BreakerObserver.
+//
+// Over a transport (WithTransport) it works the same: while it is open, a
+// delivery the transport hands over is held in the process, kept alive
+// and counted in flight, and runs when the breaker lets it, at the attempt
+// number it came with;
+// with Concurrency of them held the transport fetches nothing more (what
+// natsjs already pulled waits in the process, kept alive too). A stop at
+// once hands held deliveries back unstarted.
 func CircuitBreaker(p BreakerPolicy) SubscribeOption {
 	return func(c *subConfig) error {
 		p, err := p.normalized()
@@ -134,8 +143,7 @@ const (
 	healthFail               // a retryable failure
 )
 
-// breaker is a subscriber's circuit breaker. Its lane's mutex guards it;
-// arm is called to start the open interval's timer.
+// breaker is a subscriber's circuit breaker, guarded by its holder's mu.
 type breaker struct {
 	p       BreakerPolicy
 	state   BreakerState
@@ -148,6 +156,16 @@ type breaker struct {
 	announcing bool
 	timer      *time.Timer // ends the open interval
 	trips      uint64      // times it opened
+
+	// Its holder (the in-memory lane, a transport's hold) guards it with
+	// mu; wake is called under mu when a waiting message may be let
+	// through; report tells a transition, without mu; stopped (under mu)
+	// says the subscription stopped: the open interval is not armed or
+	// ended any more.
+	mu      sync.Locker
+	wake    func()
+	report  func(from, to BreakerState)
+	stopped bool
 }
 
 func newBreaker(p BreakerPolicy) *breaker {
@@ -227,6 +245,34 @@ func (b *breaker) halfOpen() bool {
 	}
 	b.state = BreakerHalfOpen
 	return true
+}
+
+// arm starts the open interval of a breaker that just opened, once its
+// opening was reported (so that the end of the interval is reported after
+// it).
+func (b *breaker) arm() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state == BreakerOpen && b.timer == nil && !b.stopped {
+		b.timer = time.AfterFunc(b.openFor, b.endOpen)
+	}
+}
+
+// endOpen is the open interval's timer callback: the move to half open is
+// reported before a probe may start, so that observers see it first.
+func (b *breaker) endOpen() {
+	b.mu.Lock()
+	changed := !b.stopped && b.halfOpen()
+	b.announcing = changed
+	b.mu.Unlock()
+	if !changed {
+		return
+	}
+	b.report(BreakerOpen, BreakerHalfOpen)
+	b.mu.Lock()
+	b.announcing = false
+	b.wake()
+	b.mu.Unlock()
 }
 
 func (b *breaker) stopTimer() {

@@ -31,7 +31,8 @@ func DefaultRetryBudget() RetryBudgetPolicy {
 // retryable failure when the budget is spent is dead-lettered with reason
 // "budget" instead of being retried, so a failing dependency sees at most
 // the budget's share of extra load. What is left of the budget is in
-// SubscriberStats.RetryBudgetLeft.
+// SubscriberStats.RetryBudgetLeft. Over a transport it is the same, per
+// process: the transport is told to terminate the message.
 func RetryBudget(p RetryBudgetPolicy) SubscribeOption {
 	return func(c *subConfig) error {
 		switch {

@@ -31,6 +31,12 @@ type pipeline struct {
 	plugins guard                   // for the policy's backoffs
 	rec     recorder
 
+	// held: a transport carries the messages; it counts their attempts
+	// (Message.Attempt comes set, at most maxAttempts run) and keeps what
+	// a stop at once cuts off.
+	held        bool
+	maxAttempts int
+
 	overflowFault fault // the fault of its overflow dead letters, made once
 }
 
@@ -84,94 +90,158 @@ type step struct {
 	took    timing        // the attempt, for the observer
 }
 
-// turnResult is what a turn left of a message.
+// turnResult is a turn's verdict: what it left of a message. A transport
+// delivery maps it to Ack (ended, no reason), Terminate (ended with a
+// dead-letter reason), Retry(delay) (not ended) or Retry(0) (cutOff); the
+// in-memory lane to finish or park.
 type turnResult struct {
 	ended  bool          // delivered, deduplicated or dead-lettered
+	reason string        // ended dead-lettered: the reason; "" delivered or deduplicated
 	delay  time.Duration // else: park this long, then run the next turn
+	cutOff bool          // a stop at once left it unfinished with the transport (held pipelines only)
 	health health        // what the attempt says about the subscriber, for its breaker
 
 	abandoned bool  // a stop gave up on the handler while it ran: nothing was recorded
 	err       error // what the abandoned handler returned
 }
 
-// turn runs the next attempt of it — after the dedup check, which a
-// redriven dead letter skips — and records what followed: the message
-// ended (delivered, deduplicated, dead-lettered), or it failed and waits
-// delay for its next turn (it.last holds that failure). ctx is cancelled,
-// with errShutdown or errUnsubscribed as its cause, when the subscription
-// must stop at once: then the message is dead-lettered with that reason
-// instead of being attempted or retried.
+// turn is the delivery engine, the same for every transport: it runs the
+// next attempt of it — after the dedup check, which a redriven dead letter
+// skips — and records what followed: the message ended (delivered,
+// deduplicated, dead-lettered), or it failed and waits delay for its next
+// turn (it.last holds that failure). ctx is cancelled, with errShutdown or
+// errUnsubscribed as its cause, when the subscription must stop at once:
+// then the in-memory lane's message is dead-lettered with that reason
+// instead of being attempted or retried, and a transport's is cut off
+// (left with the transport).
 //
-// gate, if not nil, is the worker's state: it says workerAttempting while the
-// handler runs, and a stop that abandons the handler swaps it for
-// workerAbandoned; then turn records nothing and says so.
-func (p *pipeline) turn(ctx context.Context, it *laneItem, gate *atomic.Int32) turnResult {
+// d is the transport's delivery (nil in memory): its handler runs kept
+// alive, its dead letter takes the delivery's ID. gate, if not nil, is the
+// worker's state: it says workerAttempting while the handler runs, and a
+// stop that abandons the handler swaps it for workerAbandoned; then turn
+// records nothing and says so.
+func (p *pipeline) turn(ctx context.Context, it *laneItem, gate *atomic.Int32, d Delivery) turnResult {
 	msg := &it.env.msg
 	if p.ids != nil {
 		if !p.ids.acquire(ctx, msg.ID) {
-			p.cutOff(ctx, it) // stopped while another worker ran this ID
-			return turnResult{ended: true}
+			return p.stopped(ctx, it) // stopped while another worker ran this ID
 		}
 		defer p.ids.release(msg.ID)
 	}
-	var d dedupRef
+	var ref dedupRef
 	if p.dedup != nil {
-		d = p.dedupKey(&it.env, it.redriven)
+		ref = p.dedupKey(&it.env, it.redriven)
 		// Checked again before a retry: a copy of the message with another
 		// Key may have been delivered while this one was parked.
-		if !it.redriven && p.seen(&d) {
+		if !it.redriven && p.seen(&ref) {
 			p.rec.deduplicated(msg)
 			return turnResult{ended: true}
 		}
 	}
 	if ctx.Err() != nil {
-		p.cutOff(ctx, it)
-		return turnResult{ended: true}
+		return p.stopped(ctx, it)
 	}
-	msg.Attempt++
+	if !p.held {
+		msg.Attempt++
+	} else if msg.Attempt > p.maxAttempts {
+		// Delivered more often than any rule allows: earlier attempts
+		// ended without an outcome (the process died during them, or the
+		// transport lost their acknowledgement). It is not run again. Its
+		// dead letter is exhausted as any: the policy's attempts (at most
+		// p.maxAttempts ran), retryable; the text says how often it was
+		// delivered.
+		f := brokerFault(CodeError, fmt.Errorf("broker: delivered %d times, more than the %d attempts the policy allows: earlier attempts ended without an outcome", msg.Attempt, p.maxAttempts))
+		f.retryable = true
+		msg.Attempt = p.maxAttempts
+		return p.deadLetter(d, msg, timing{}, ReasonExhausted, f, false, healthNone)
+	}
 	if p.budget != nil && msg.Attempt == 1 {
 		p.budget.first(time.Now())
 	}
 	if gate != nil {
 		gate.Store(workerAttempting)
 	}
-	err, f, took := p.attempt(ctx, msg)
+	var (
+		err  error
+		f    failure
+		took timing
+	)
+	if d != nil {
+		err, f, took = p.attemptKeptAlive(ctx, d, msg)
+	} else {
+		err, f, took = p.attempt(ctx, msg)
+	}
 	if gate != nil && !gate.CompareAndSwap(workerAttempting, workerIdle) {
 		return turnResult{abandoned: true, err: err}
 	}
 	if err == nil {
 		if p.dedup != nil {
-			p.record(&d)
+			p.record(&ref)
 		}
 		p.rec.delivered(msg, took)
 		return turnResult{ended: true, health: healthOK}
 	}
 	p.rec.c.failed.Add(1)
-	return p.after(ctx, it, err, f, took)
+	return p.after(ctx, it, err, f, took, d)
+}
+
+// stopped ends a turn a stop at once cut short before the attempt: in
+// memory the message is dead-lettered (cutOff); a transport keeps it.
+func (p *pipeline) stopped(ctx context.Context, it *laneItem) turnResult {
+	if p.held {
+		return turnResult{cutOff: true}
+	}
+	p.cutOff(ctx, it)
+	return turnResult{ended: true, reason: abortReason(ctx)}
 }
 
 // after decides and records what follows a failed attempt of it: a retry
-// (it.last holds the failure) or a dead letter.
-func (p *pipeline) after(ctx context.Context, it *laneItem, err error, f failure, took timing) turnResult {
+// (it.last holds the failure) or a dead letter, with the retry budget
+// spent or not; a transport's message whose attempt a stop at once cut
+// short is left with the transport.
+func (p *pipeline) after(ctx context.Context, it *laneItem, err error, f failure, took timing, d Delivery) turnResult {
 	msg := &it.env.msg
 	s := p.judge(ctx, msg, err, f, took)
 	h := healthNone
 	if s.retryable {
 		h = healthFail
 	}
+	if p.held && ctx.Err() != nil {
+		p.rec.retrying(msg, s.took, 0, s.fault)
+		return turnResult{cutOff: true, health: h}
+	}
 	if s.outcome == OutcomeRetry && p.budget != nil && !p.budget.spend(time.Now()) {
 		s.outcome, s.reason = OutcomeDeadLettered, ReasonBudget
 	}
 	if s.outcome == OutcomeDeadLettered {
-		p.rec.deadLetter(msg, s.took, s.reason, s.fault, true)
-		return turnResult{ended: true, health: h}
+		return p.deadLetter(d, msg, s.took, s.reason, s.fault, true, h)
 	}
 	p.rec.retrying(msg, s.took, s.delay, s.fault)
-	if it.last == nil {
-		it.last = new(step)
+	if !p.held {
+		if it.last == nil {
+			it.last = new(step)
+		}
+		*it.last = s
 	}
-	*it.last = s
 	return turnResult{delay: s.delay, health: h}
+}
+
+// deadLetter stores msg's dead letter (under the delivery's ID when d
+// names one) and ends the turn; a transport's message whose dead letter
+// the store failed until the stop stays with the transport.
+func (p *pipeline) deadLetter(d Delivery, msg *Message, took timing, reason string, f fault, attempted bool, h health) turnResult {
+	rec := &p.rec
+	if ider, ok := d.(DeadLetterIDer); ok {
+		if id := ider.DeadLetterID(); id != "" {
+			named := p.rec
+			named.newID = func() string { return id }
+			rec = &named
+		}
+	}
+	if err := rec.deadLetter(msg, took, reason, f, attempted); p.held && err != nil && !errors.Is(err, ErrDeadLetterRefused) {
+		return turnResult{cutOff: true, health: h}
+	}
+	return turnResult{ended: true, reason: reason, health: h}
 }
 
 // errGoexit is the panic value of an attempt whose handler called
@@ -190,7 +260,7 @@ func goexitFailure() (error, failure) {
 func (p *pipeline) goexited(ctx context.Context, it *laneItem) turnResult {
 	p.rec.c.failed.Add(1)
 	err, f := goexitFailure()
-	return p.after(ctx, it, err, f, timing{})
+	return p.after(ctx, it, err, f, timing{}, nil)
 }
 
 // cutOff ends it, which a Close or Unsubscribe whose context ended took

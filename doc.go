@@ -128,7 +128,9 @@
 // subscribers whose work is shared by several processes: the delivery
 // engine — dedup, attempts, classification, retries, dead letters, Stats,
 // Observer, logs — stays this package's, run over each [Delivery] the
-// transport hands it ([Broker.Transport] returns it; a [BatchTransport]
+// transport hands it, with the breaker, retry budget and rate limit acting
+// in the process as in memory (LaneSize and WhenLaneFull are refused: the
+// stream is the buffer) ([Broker.Transport] returns it; a [BatchTransport]
 // takes a PublishBatch in one call). Package [github.com/inproc/broker/brokertest] has the
 // conformance suites a transport or a store runs.
 package broker

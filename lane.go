@@ -76,6 +76,11 @@ func (p FullLanePolicy) String() string {
 // as the lane's capacity wait for the dead-letter store (besides the up
 // to 64 it is storing), the topic's dispatcher waits for room, as under
 // Block.
+//
+// Over a transport (WithTransport) the stream is the buffer and a full one
+// refuses the publish (ErrQueueFull): Subscribe refuses any policy but
+// Block with ErrInvalidOption; size the stream with the transport's
+// limits (natsjs: WithQueueSize).
 func WhenLaneFull(p FullLanePolicy) SubscribeOption {
 	return func(c *subConfig) error {
 		if p < Block || p > DeadLetterOldest {
@@ -169,10 +174,6 @@ type lane struct {
 	shedDone     chan struct{} // closed when shedding ends (a stop at once waits for it)
 	startShedder func()
 	routed       *atomic.Uint64 // the subscriber's routed count, moved as a message enters (so Stats balance while a push waits)
-
-	// onBreaker is called, without the lock, when the breaker's open
-	// interval ends (set by the subscription).
-	onBreaker func(from, to BreakerState)
 }
 
 // shedKey is an ordering key held for shed messages: n are not stored
@@ -205,6 +206,9 @@ func newLane(capacity, ready, workers int, policy FullLanePolicy, ordered bool, 
 		l.batch = 1
 	}
 	l.work.L = &l.mu
+	if br != nil {
+		br.mu, br.wake = &l.mu, l.work.Signal
+	}
 	return l
 }
 
@@ -622,17 +626,6 @@ func (l *lane) mayRun(it *laneItem, probe bool) bool {
 	return false
 }
 
-// armHalfOpen starts the open interval of a breaker that just opened, once
-// its opening was reported (so that the end of the interval is reported
-// after it).
-func (l *lane) armHalfOpen() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.br.state == BreakerOpen && l.br.timer == nil && !l.stopped {
-		l.br.timer = time.AfterFunc(l.br.openFor, l.halfOpen)
-	}
-}
-
 // finish ends a worker's turn with it: it ended (its key is freed) or it
 // parks for delay. It returns the breaker's transition, if any (changed is
 // "" when there was none), for the caller to report. orphan reports that
@@ -654,7 +647,7 @@ func (l *lane) finish(it *laneItem, ended bool, delay time.Duration, h health, p
 		changed = l.br.record(h, probe, time.Now())
 		switch changed {
 		case BreakerOpen:
-			l.br.stopTimer() // armHalfOpen starts it again
+			l.br.stopTimer() // arm starts it again
 		case BreakerClosed:
 			l.work.Broadcast()
 		case "":
@@ -699,25 +692,6 @@ func (l *lane) unpark(p *parked) {
 	l.enqueueLocked(p.it)
 }
 
-// halfOpen is the breaker timer's callback. The transition is reported
-// before the probe may start, so that observers see it first.
-func (l *lane) halfOpen() {
-	l.mu.Lock()
-	changed := l.br.halfOpen()
-	l.br.announcing = changed
-	l.mu.Unlock()
-	if !changed {
-		return
-	}
-	if l.onBreaker != nil {
-		l.onBreaker(BreakerOpen, BreakerHalfOpen)
-	}
-	l.mu.Lock()
-	l.br.announcing = false
-	l.work.Signal()
-	l.mu.Unlock()
-}
-
 // close refuses further pushes; the workers finish what is left.
 func (l *lane) close() {
 	l.mu.Lock()
@@ -751,6 +725,7 @@ func (l *lane) stop(inFlight func(int)) (waiting, overflowed []laneItem) {
 		l.openRoomLocked()
 	}
 	if l.br != nil {
+		l.br.stopped = true
 		l.br.stopTimer()
 	}
 	out := make([]laneItem, 0, l.waitingLocked())

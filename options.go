@@ -198,7 +198,9 @@ const MaxConcurrency = 1 << 16
 // (1 <= n <= MaxConcurrency; default 1). Any idle worker takes the oldest
 // message whose ordering key is free: two messages with one Key never run
 // at once, and the later never starts before the earlier ended; two
-// messages with one ID never run at once either.
+// messages with one ID never run at once either. Over a transport it is
+// the most handlers running at once in this process (natsjs: keyed
+// messages also at most one per partition at a time).
 func Concurrency(n int) SubscribeOption {
 	return func(c *subConfig) error {
 		if n < 1 || n > MaxConcurrency {
@@ -218,6 +220,10 @@ func Concurrency(n int) SubscribeOption {
 // dispatcher adds only below n; a running message that fails parks even
 // in a full lane (a retry is never dropped), so the lane may hold up to
 // n + Concurrency messages until those retries run.
+//
+// Over a transport (WithTransport) the stream is the buffer: Subscribe
+// refuses any size but the broker's default with ErrInvalidOption; bound
+// the stream with the transport's limits instead (natsjs: WithQueueSize).
 func LaneSize(n int) SubscribeOption {
 	return func(c *subConfig) error {
 		if n < 1 || n > MaxQueueSize {
@@ -247,7 +253,8 @@ func Ordered() SubscribeOption {
 
 // HandlerTimeout gives each attempt a deadline d in its context (d >= 0;
 // 0, the default, means none). An attempt that fails after its deadline
-// passed gets code "timeout", whatever its error.
+// passed gets code "timeout", whatever its error; the same over a
+// transport.
 func HandlerTimeout(d time.Duration) SubscribeOption {
 	return func(c *subConfig) error {
 		if d < 0 {

@@ -16,7 +16,9 @@ import (
 // that has taken a message waits for a token before the attempt: the wait
 // burns no attempt, and the message counts as in flight meanwhile. Close
 // and Unsubscribe whose context ends cut the wait short (the message is
-// dead-lettered with their reason).
+// dead-lettered with their reason). Over a transport the delivery waits
+// in the process the same way, kept alive, and a stop at once hands it
+// back unstarted.
 func RateLimit(perSecond float64, burst int) SubscribeOption {
 	return func(c *subConfig) error {
 		if !(perSecond > 0) || math.IsInf(perSecond, 0) || float64(time.Second)/perSecond >= math.MaxInt64 {

@@ -21,6 +21,7 @@ type Subscription struct {
 	topicName string
 	name      string
 	remote    *remoteSub // with a transport; nil: in-memory
+	hold      *hold      // with a transport: its rate limit and breaker; nil: neither
 	lane      *lane
 	workers   int
 	limiter   *tokenBucket // nil: no rate limit
@@ -124,7 +125,9 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	}
 	s.lane = newLane(sc.laneSize, sc.laneReady, sc.concurrency, sc.whenFull, sc.ordered, br, sc.rate > 0)
 	s.lane.shed, s.lane.routed = &c.inFlight, &c.routed
-	s.lane.onBreaker = s.breakerChanged
+	if br != nil {
+		br.report = s.breakerChanged
+	}
 	s.lane.startShedder = s.startShedder
 	if sc.rate > 0 {
 		s.limiter = newTokenBucket(sc.rate, sc.burst)
@@ -146,16 +149,20 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 
 // breakerChanged reports a transition of the subscriber's circuit breaker.
 func (s *Subscription) breakerChanged(from, to BreakerState) {
-	ev := BreakerEvent{Topic: s.t.name, Subscriber: s.name, From: from, To: to, At: time.Now()}
+	ev := BreakerEvent{Topic: s.topicName, Subscriber: s.name, From: from, To: to, At: time.Now()}
 	level := slog.LevelInfo
 	if to == BreakerOpen {
 		level = slog.LevelWarn
-		s.lane.mu.Lock()
-		ev.OpenFor = s.lane.br.openFor
-		s.lane.mu.Unlock()
+		if s.hold != nil {
+			_, ev.OpenFor = s.hold.state()
+		} else {
+			s.lane.mu.Lock()
+			ev.OpenFor = s.lane.br.openFor
+			s.lane.mu.Unlock()
+		}
 	}
 	s.b.cfg.logger.LogAttrs(context.Background(), level, "broker: circuit breaker "+string(to),
-		slog.String("topic", s.t.name), slog.String("subscriber", s.name),
+		slog.String("topic", s.topicName), slog.String("subscriber", s.name),
 		slog.String("from", string(from)), slog.String("to", string(to)), slog.Duration("open_for", ev.OpenFor))
 	if o, ok := s.b.obs.(BreakerObserver); ok {
 		o.BreakerChanged(ev)

@@ -12,10 +12,11 @@ import (
 // This file is the transport seam: what another transport (NATS
 // JetStream, in module natsjs) implements to carry messages in place of the
 // built-in in-memory queues and lanes, and the broker's side of it. The
-// delivery engine is the one the in-memory transport uses (delivery.go:
-// dedup check, attempt with deadline and panic recovery, classify, retry
-// decision, dead letter; recorder.go: counters, observer, logs); here it
-// runs over a Delivery instead of a lane item.
+// delivery engine is the one the in-memory lane uses (pipeline.turn in
+// delivery.go: dedup check, attempt with deadline and guards, classify,
+// retry decision with budget, dead letter; recorder.go: counters, observer,
+// logs); here its verdict becomes Ack, Retry or Terminate, and hold.go
+// holds a delivery for the rate limit and the breaker first.
 
 // Transport carries messages between Publish and the subscribers' handlers,
 // in place of the built-in in-memory queues (WithTransport). The broker
@@ -120,12 +121,20 @@ type DeadLetterIDer interface {
 // subscriber's work between processes; see module natsjs). The broker
 // calls t.Close in Close. nil is refused.
 //
-// What changes with a transport: Close and Unsubscribe leave unfinished
-// messages with the transport (they are not dead-lettered with reasons
-// "shutdown" and "unsubscribed"); the options that shape the in-memory
-// lane (LaneSize, WhenLaneFull, CircuitBreaker, RateLimit) are refused by
-// Subscribe; Stats count what this process did (Queued is what it handed
-// back for a retry and was not delivered here again).
+// Every SubscribeOption means the same over a transport, with the same
+// delivery engine: the retry policy, RetryBudget, HandlerTimeout,
+// Concurrency (at most that many handlers at once in this process),
+// CircuitBreaker and RateLimit. A delivery waiting for a rate-limit token
+// or for an open breaker is held in the process, kept alive, and runs at
+// the attempt number it came with; with all Concurrency of them held the
+// transport fetches nothing more. Refused by Subscribe: LaneSize and
+// WhenLaneFull other than their defaults, since the stream is the buffer
+// (bound it with the transport's limits, natsjs's WithQueueSize).
+//
+// What else changes: Close and Unsubscribe leave unfinished messages with
+// the transport (they are not dead-lettered with reasons "shutdown" and
+// "unsubscribed"); Stats count what this process did (Queued is what it
+// handed back for a retry and was not delivered here again).
 func WithTransport(t Transport) Option {
 	return func(c *config) error {
 		if t == nil || isNilValue(t) {
@@ -165,8 +174,7 @@ func (r *remote) topicLocked(name string) *remoteTopic {
 
 // remoteSub is the transport's part of a Subscription.
 type remoteSub struct {
-	ts          TransportSubscription
-	maxAttempts int // the most attempts any code's rule allows
+	ts TransportSubscription
 }
 
 // Transport returns the transport the broker was built with
@@ -243,13 +251,9 @@ func (b *Broker) remoteOutcome(ctx context.Context, msg Message, err error) erro
 func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy RetryPolicy, h Handler, obs Observer) (*Subscription, error) {
 	switch {
 	case sc.laneSize != b.cfg.laneSize:
-		return nil, fmt.Errorf("%w: LaneSize is the in-memory transport's (subscribe %q to %q)", ErrInvalidOption, name, topicName)
+		return nil, fmt.Errorf("%w: LaneSize is the in-memory lane's: over a transport the stream is the buffer; bound it with the transport's stream limits (natsjs: WithQueueSize) (subscribe %q to %q)", ErrInvalidOption, name, topicName)
 	case sc.whenFull != Block:
-		return nil, fmt.Errorf("%w: WhenLaneFull is the in-memory transport's (subscribe %q to %q)", ErrInvalidOption, name, topicName)
-	case sc.breaker != nil:
-		return nil, fmt.Errorf("%w: CircuitBreaker is the in-memory transport's (subscribe %q to %q)", ErrInvalidOption, name, topicName)
-	case sc.rate > 0:
-		return nil, fmt.Errorf("%w: RateLimit is the in-memory transport's (subscribe %q to %q)", ErrInvalidOption, name, topicName)
+		return nil, fmt.Errorf("%w: WhenLaneFull is the in-memory lane's: over a transport a full stream refuses the publish (ErrQueueFull); size it with the transport's stream limits (natsjs: WithQueueSize) (subscribe %q to %q)", ErrInvalidOption, name, topicName)
 	}
 	r := b.remote
 	b.mu.Lock()
@@ -268,10 +272,12 @@ func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy Re
 
 	s := &Subscription{b: b, topicName: topicName, name: name, c: c, workers: sc.concurrency,
 		done: make(chan struct{}), unsubbed: make(chan struct{}),
-		remote: &remoteSub{maxAttempts: policy.maxAttempts()},
+		remote: &remoteSub{},
 	}
+	s.hold = newHold(s, sc)
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
 	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, func(string, bool) {}, s.ctx)
+	s.pipe.held, s.pipe.maxAttempts = true, policy.maxAttempts()
 	var ts TransportSubscription
 	err := b.guard.call("Transport", "Subscribe", func() (err error) {
 		ts, err = r.t.Subscribe(TransportSubscriber{
@@ -300,14 +306,13 @@ func (p RetryPolicy) maxAttempts() int {
 	return n + 1
 }
 
-// deliverRemote is the delivery engine over a transport's Delivery: the
-// dedup check, the attempt, and what follows, recorded as for the
-// in-memory transport; then the transport is told (Ack, Retry, Terminate).
+// deliverRemote runs the delivery engine (turn) for a transport's
+// Delivery, once the rate limit and the breaker let it (hold), and tells
+// the transport the verdict: Ack, Terminate, Retry after the delay, or
+// Retry(0) for what a stop at once left unfinished.
 func (s *Subscription) deliverRemote(d Delivery) {
-	rs := s.remote
 	msg := d.Message()
 	c := s.c
-	redriven := d.Redriven() // skips dedup; Attempt is the transport's count, from 1 again after Redrive
 	if msg.Attempt <= 1 || !s.unpark() {
 		c.routed.Add(1) // new to this process
 	}
@@ -320,69 +325,30 @@ func (s *Subscription) deliverRemote(d Delivery) {
 		s.handBack(d, 0)
 		return
 	}
-	if s.pipe.ids != nil { // one ID at a time: a copy waiting here then finds it delivered
-		if !s.pipe.ids.acquire(s.ctx, msg.ID) {
-			s.handBack(d, 0) // stopping at once
-			return
-		}
-		defer s.pipe.ids.release(msg.ID)
-	}
-	it := laneItem{env: envelope{msg: msg}, redriven: redriven}
-	var ref dedupRef
-	if s.pipe.dedup != nil {
-		ref = s.pipe.dedupKey(&it.env, redriven)
-		if !redriven && s.pipe.seen(&ref) {
-			s.pipe.rec.deduplicated(&it.env.msg)
-			s.tell("Ack", d.Ack())
+	probe := false
+	if s.hold != nil {
+		var ok bool
+		if probe, ok = s.hold.wait(s.ctx, d); !ok { // stopping at once while held: not attempted
+			s.handBack(d, 0)
 			return
 		}
 	}
-	if s.ctx.Err() != nil { // stopped at once during the dedup check
+	// Redriven skips dedup; Attempt is the transport's count, from 1 again after Redrive.
+	it := laneItem{env: envelope{msg: msg}, redriven: d.Redriven()}
+	r := s.pipe.turn(s.ctx, &it, nil, d)
+	if s.hold != nil {
+		s.hold.done(r.health, probe)
+	}
+	switch {
+	case r.cutOff:
 		s.handBack(d, 0)
-		return
+	case !r.ended:
+		s.handBack(d, r.delay)
+	case r.reason == "":
+		s.pipe.tell("Ack", d.Ack())
+	default:
+		s.pipe.tell("Terminate", d.Terminate(r.reason))
 	}
-	m := &it.env.msg
-	if m.Attempt > rs.maxAttempts {
-		// Delivered more often than any rule allows: earlier attempts
-		// ended without an outcome (the process died during them, or the
-		// transport lost their acknowledgement). It is not run again. Its
-		// dead letter is exhausted as any: the policy's attempts (at most
-		// rs.maxAttempts ran), retryable; the text says how often it was
-		// delivered.
-		f := brokerFault(CodeError, fmt.Errorf("broker: delivered %d times, more than the %d attempts the policy allows: earlier attempts ended without an outcome", m.Attempt, rs.maxAttempts))
-		f.retryable = true
-		m.Attempt = rs.maxAttempts
-		s.terminate(d, m, timing{}, ReasonExhausted, f, false)
-		return
-	}
-	if s.pipe.budget != nil && m.Attempt == 1 {
-		s.pipe.budget.first(time.Now())
-	}
-	err, f, took := s.attemptKeptAlive(d, m)
-	if err == nil {
-		if s.pipe.dedup != nil {
-			s.pipe.record(&ref)
-		}
-		s.pipe.rec.delivered(m, took)
-		s.tell("Ack", d.Ack())
-		return
-	}
-	c.failed.Add(1)
-	st := s.pipe.judge(s.ctx, m, err, f, took)
-	if s.ctx.Err() != nil { // cut off by a stop: it stays with the transport
-		s.pipe.rec.retrying(m, st.took, 0, st.fault)
-		s.handBack(d, 0)
-		return
-	}
-	if st.outcome == OutcomeRetry && s.pipe.budget != nil && !s.pipe.budget.spend(time.Now()) {
-		st.outcome, st.reason = OutcomeDeadLettered, ReasonBudget
-	}
-	if st.outcome == OutcomeDeadLettered {
-		s.terminate(d, m, st.took, st.reason, st.fault, true)
-		return
-	}
-	s.pipe.rec.retrying(m, st.took, st.delay, st.fault)
-	s.handBack(d, st.delay)
 }
 
 // unpark counts a retry delivered back to this process (to any
@@ -405,23 +371,7 @@ func (s *Subscription) unpark() bool {
 // delivered here again (unpark).
 func (s *Subscription) handBack(d Delivery, delay time.Duration) {
 	s.c.handedBack.Add(1)
-	s.tell("Retry", d.Retry(delay))
-}
-
-// terminate stores the dead letter of m, then terminates d; a dead letter
-// the store refused until the stop keeps the message with the transport.
-func (s *Subscription) terminate(d Delivery, m *Message, took timing, reason string, f fault, attempted bool) {
-	rec := s.pipe.rec
-	if ider, ok := d.(DeadLetterIDer); ok {
-		if id := ider.DeadLetterID(); id != "" {
-			rec.newID = func() string { return id }
-		}
-	}
-	if err := rec.deadLetter(m, took, reason, f, attempted); err != nil && !errors.Is(err, ErrDeadLetterRefused) {
-		s.handBack(d, 0) // the store failed until the stop: the transport keeps it
-		return
-	}
-	s.tell("Terminate", d.Terminate(reason))
+	s.pipe.tell("Retry", d.Retry(delay))
 }
 
 // attemptKeptAlive runs the attempt on a goroutine of its own, telling the
@@ -429,9 +379,9 @@ func (s *Subscription) terminate(d Delivery, m *Message, took timing, reason str
 // goroutine is what keeps the transport's own goroutine (which called
 // Deliver) safe from a handler that calls runtime.Goexit: such an attempt
 // fails as a panic would, and the delivery is settled as usual.
-func (s *Subscription) attemptKeptAlive(d Delivery, m *Message) (error, failure, timing) {
+func (p *pipeline) attemptKeptAlive(ctx context.Context, d Delivery, m *Message) (error, failure, timing) {
 	r := &attemptRun{done: make(chan struct{})}
-	go s.runAttempt(r, m)
+	go p.runAttempt(ctx, r, m)
 	every := d.KeepAliveEvery()
 	if every <= 0 {
 		<-r.done
@@ -444,7 +394,7 @@ func (s *Subscription) attemptKeptAlive(d Delivery, m *Message) (error, failure,
 		case <-r.done:
 			return r.err, r.f, r.took
 		case <-t.C:
-			s.tell("KeepAlive", d.KeepAlive())
+			p.tell("KeepAlive", d.KeepAlive())
 			t.Reset(every)
 		}
 	}
@@ -463,7 +413,7 @@ type attemptRun struct {
 
 // runAttempt runs r's attempt of m and closes r.done, also when the
 // handler calls runtime.Goexit (the attempt then fails as a panic).
-func (s *Subscription) runAttempt(r *attemptRun, m *Message) {
+func (p *pipeline) runAttempt(ctx context.Context, r *attemptRun, m *Message) {
 	returned := false
 	defer func() {
 		if !returned {
@@ -471,18 +421,18 @@ func (s *Subscription) runAttempt(r *attemptRun, m *Message) {
 		}
 		close(r.done)
 	}()
-	r.err, r.f, r.took = s.pipe.attempt(s.ctx, m)
+	r.err, r.f, r.took = p.attempt(ctx, m)
 	returned = true
 }
 
 // tell logs a transport's refusal of an acknowledgement: the transport
 // will deliver the message again, which at-least-once allows.
-func (s *Subscription) tell(op string, err error) {
+func (p *pipeline) tell(op string, err error) {
 	if err == nil {
 		return
 	}
-	s.b.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn, "broker: transport refused "+op+"; the message may be delivered again",
-		slog.String("topic", s.topicName), slog.String("subscriber", s.name), slog.String("error", err.Error()))
+	p.rec.log.LogAttrs(context.Background(), slog.LevelWarn, "broker: transport refused "+op+"; the message may be delivered again",
+		slog.String("topic", p.rec.topic), slog.String("subscriber", p.rec.subscriber), slog.String("error", err.Error()))
 }
 
 // stopRemote stops the transport's subscription: graceful until ctx
@@ -510,6 +460,7 @@ func (s *Subscription) stopRemote(ctx context.Context, cause error) error {
 		grace.Stop()
 	}
 	s.cancel(errReleased)
+	s.hold.stop()
 	r := s.b.remote
 	r.mu.Lock()
 	if rt := r.topics[s.topicName]; rt != nil && rt.active[s.name] == s {
@@ -560,7 +511,8 @@ func (b *Broker) statsRemote(st *Stats) {
 			ss.Queued = int(max(c.handedBack.Load(), 0))
 			ss.Parked = ss.Queued
 			if s := rt.active[sub]; s != nil {
-				ss.Active, ss.Concurrency, ss.Breaker = true, s.workers, BreakerNone
+				ss.Active, ss.Concurrency = true, s.workers
+				ss.Breaker, _ = s.hold.state()
 				if s.pipe.budget != nil {
 					ss.RetryBudgetLeft = s.pipe.budget.left(time.Now())
 				}

@@ -475,8 +475,6 @@ func TestTransportRefusesLaneOptions(t *testing.T) {
 	tests := map[string]SubscribeOption{
 		"LaneSize":                  LaneSize(8),
 		"WhenLaneFull":              WhenLaneFull(DeadLetterNewest),
-		"CircuitBreaker":            CircuitBreaker(BreakerPolicy{}),
-		"RateLimit":                 RateLimit(10, 1),
 		"Ordered (the fake cannot)": Ordered(),
 	}
 	for name, opt := range tests {

@@ -96,7 +96,7 @@ func (w *worker) run() {
 					continue // the breaker opened while it waited: back in the queue
 				}
 			}
-			r := s.pipe.turn(s.ctx, it, &w.state)
+			r := s.pipe.turn(s.ctx, it, &w.state, nil)
 			if r.abandoned {
 				s.pipe.ignored(it, r.err)
 				return // the stop that abandoned it did the bookkeeping
@@ -116,7 +116,7 @@ func (s *Subscription) end(it *laneItem, r turnResult, probe bool) {
 	if to != "" {
 		s.breakerChanged(from, to)
 		if to == BreakerOpen {
-			s.lane.armHalfOpen()
+			s.lane.br.arm()
 		}
 	}
 	if orphan {

@@ -58,9 +58,11 @@ type Config struct {
 //	b, err := natsjs.New(ctx, conn.JetStream(), natsjs.Config{}, opts...)
 //
 // Handlers, retry policies, middleware, observers and Subscribe options
-// stay as they are (the options of the in-memory lanes, LaneSize,
-// WhenLaneFull, CircuitBreaker and RateLimit, are refused by Subscribe; see
-// the README for what else differs). ctx bounds creating the stores. Closing
+// stay as they are (the breaker, the retry budget and the rate limit act in
+// the process; the options of the in-memory lanes, LaneSize and
+// WhenLaneFull, are refused by Subscribe unless left at their defaults:
+// bound the stream with WithQueueSize; see the README for what else
+// differs). ctx bounds creating the stores. Closing
 // the broker stops the transport's subscriptions but leaves js's connection
 // open.
 func New(ctx context.Context, js jetstream.JetStream, cfg Config, opts ...broker.Option) (*broker.Broker, error) {

@@ -361,7 +361,8 @@ func TestTopicAndSubscriberNames(t *testing.T) {
 	}
 }
 
-// TestSubscribeRefuses: the in-memory lane's options are refused; Ordered
+// TestSubscribeRefuses: the in-memory lane's options are refused (their
+// defaults accepted), the breaker and the rate limit are not; Ordered
 // is accepted whatever the partitions (keyless messages have a consumer of
 // their own).
 func TestSubscribeRefuses(t *testing.T) {
@@ -376,8 +377,10 @@ func TestSubscribeRefuses(t *testing.T) {
 	}{
 		{"LaneSize", one, broker.LaneSize(8), false},
 		{"WhenLaneFull", one, broker.WhenLaneFull(broker.DeadLetterNewest), false},
-		{"CircuitBreaker", one, broker.CircuitBreaker(broker.BreakerPolicy{}), false},
-		{"RateLimit", one, broker.RateLimit(10, 1), false},
+		{"CircuitBreaker", one, broker.CircuitBreaker(broker.BreakerPolicy{}), true},
+		{"RateLimit", one, broker.RateLimit(10, 1), true},
+		{"LaneSize, the default", one, broker.LaneSize(broker.DefaultLaneSize), true},
+		{"WhenLaneFull, the default", one, broker.WhenLaneFull(broker.Block), true},
 		{"Ordered, four partitions", four, broker.Ordered(), true},
 		{"Ordered, one partition", one, broker.Ordered(), true},
 	}
