@@ -39,6 +39,7 @@ type Broker struct {
 	dlq    guardedDLQ       // cfg.dlq, guarded against panics
 	dedup  IdempotencyStore // cfg.dedup, guarded against panics (unless it is the default kind)
 	obs    Observer         // cfg.obs, guarded against panics; nil: none
+	timed  bool             // an Observer is a PublishTimer: events carry the publish's Duration
 	guard  guard
 	panics *atomic.Uint64 // panics of plugged-in code (the logger's included), recovered
 
@@ -97,6 +98,11 @@ func New(opts ...Option) (*Broker, error) {
 		b.dedup = guardedDedup{s: cfg.dedup, g: b.guard}
 	} else if b.mem != nil {
 		b.dedup = b.mem
+	}
+	for _, o := range cfg.obs {
+		if pt, ok := o.(PublishTimer); ok && b.guard.timesPublish(pt) {
+			b.timed = true
+		}
 	}
 	switch len(cfg.obs) {
 	case 0:
@@ -158,7 +164,7 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	switch err {
 	case nil:
 		if b.obs != nil {
-			b.obs.Published(PublishEvent{Topic: msg.Topic, MessageID: msg.ID, PublishedAt: msg.PublishedAt})
+			b.obs.Published(PublishEvent{Topic: msg.Topic, MessageID: msg.ID, PublishedAt: msg.PublishedAt, Duration: b.publishTime(&msg)})
 		}
 		return nil
 	case queue.ErrClosed:
@@ -172,13 +178,23 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	}
 	t.tally.rejected.Add(1)
 	if b.obs != nil {
-		b.obs.Rejected(RejectEvent{Topic: msg.Topic, MessageID: msg.ID, Err: err})
+		b.obs.Rejected(RejectEvent{Topic: msg.Topic, MessageID: msg.ID, Err: err, Duration: b.publishTime(&msg)})
 	}
 	if b.cfg.logger.Enabled(context.Background(), slog.LevelDebug) {
 		b.cfg.logger.LogAttrs(context.Background(), slog.LevelDebug, "broker: publish rejected",
 			slog.String("topic", msg.Topic), slog.String("message_id", msg.ID), slog.String("error", err.Error()))
 	}
 	return err
+}
+
+// publishTime is how long msg's Publish took since PublishedAt was
+// stamped; 0 without a PublishTimer, so that no other Observer costs a
+// clock read per publish.
+func (b *Broker) publishTime(msg *Message) time.Duration {
+	if !b.timed {
+		return 0
+	}
+	return time.Since(msg.PublishedAt)
 }
 
 // prepare makes msg ready to publish: validated, through the publish
@@ -229,14 +245,10 @@ func (b *Broker) Redrive(ctx context.Context, ids ...string) (int, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	select { // one Redrive at a time; Close waits for the running one
-	case b.redrive <- struct{}{}:
-		defer func() { <-b.redrive }()
-	case <-b.closeDone:
-		return 0, fmt.Errorf("%w: redrive", ErrClosed)
-	case <-ctx.Done():
-		return 0, fmt.Errorf("broker: redrive: %w", ctx.Err())
+	if err := b.takeRedrive(ctx, "redrive"); err != nil {
+		return 0, err
 	}
+	defer func() { <-b.redrive }()
 	var errs []error
 	n := 0
 	for _, id := range ids {
@@ -247,6 +259,94 @@ func (b *Broker) Redrive(ctx context.Context, ids ...string) (int, error) {
 		n++
 	}
 	return n, errors.Join(errs...)
+}
+
+// takeRedrive takes the redrive token: one Redrive or RedriveMatching at
+// a time, so a dead letter is redriven once; Close waits for the running
+// one. The caller gives it back with <-b.redrive.
+func (b *Broker) takeRedrive(ctx context.Context, op string) error {
+	select {
+	case b.redrive <- struct{}{}:
+		return nil
+	case <-b.closeDone:
+		return fmt.Errorf("%w: %s", ErrClosed, op)
+	case <-ctx.Done():
+		return fmt.Errorf("broker: %s: %w", op, ctx.Err())
+	}
+}
+
+// redriveErrorsShown is how many of RedriveMatching's failures its error
+// joins; the rest are counted in its last line.
+const redriveErrorsShown = 10
+
+// RedriveMatching redrives, as Redrive does, every dead letter that
+// matches f (Topic, Subscriber, ErrorCode and Reason, each an exact match
+// when set), oldest first, at most f.Limit of them when f.Limit > 0.
+//
+// It redrives a snapshot: the dead letters that match when it is called.
+// A dead letter put while it runs (a subscriber still failing what is
+// redriven to it) waits for the next call, so RedriveMatching always
+// ends. A dead letter of the snapshot that is gone by its turn (deleted,
+// or redriven by a Redrive in between) is skipped. When ctx ends, or the
+// broker closes, it stops, and the dead letters not yet redriven stay in
+// the store.
+//
+// It returns how many were accepted, and one error for the rest: the
+// first few failures joined (each as Redrive reports it, so errors.Is
+// finds ErrQueueFull, ErrSubscriberNotFound and the like), then a line
+// counting all of them; and ctx's error, or ErrClosed, if it stopped
+// early. A malformed filter (a negative Limit) wraps ErrInvalidOption.
+func (b *Broker) RedriveMatching(ctx context.Context, f DeadLetterFilter) (int, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if err := f.Validate(); err != nil {
+		return 0, err
+	}
+	if err := b.takeRedrive(ctx, "redrive matching"); err != nil {
+		return 0, err
+	}
+	defer func() { <-b.redrive }()
+	list, err := b.dlq.List(ctx, f)
+	if err != nil {
+		return 0, fmt.Errorf("broker: redrive matching %+v: list: %w", f, err)
+	}
+	var shown []error
+	n, failed := 0, 0
+	for i, dl := range list {
+		if f.Limit > 0 && i == f.Limit {
+			break // a store that ignores Limit
+		}
+		if !f.Match(dl) {
+			continue // a store that ignores a field of the filter
+		}
+		var stop error
+		if err := ctx.Err(); err != nil {
+			stop = fmt.Errorf("broker: redrive matching: %w", err)
+		} else if b.closed.Load() {
+			stop = fmt.Errorf("%w: redrive matching", ErrClosed)
+		}
+		if stop != nil {
+			shown = append(shown, fmt.Errorf("%w (%d of %d not tried)", stop, len(list)-i, len(list)))
+			break
+		}
+		err := b.redriveOne(ctx, dl.ID)
+		switch {
+		case err == nil:
+			n++
+		case errors.Is(err, ErrDeadLetterNotFound):
+			// gone since the List: dealt with elsewhere
+		default:
+			failed++
+			if failed <= redriveErrorsShown {
+				shown = append(shown, err)
+			}
+		}
+	}
+	if failed > 0 {
+		shown = append(shown, fmt.Errorf("broker: redrive matching: %d of %d dead letters failed", failed, len(list)))
+	}
+	return n, errors.Join(shown...)
 }
 
 func (b *Broker) redriveOne(ctx context.Context, id string) error {
@@ -341,12 +441,13 @@ func (b *Broker) newDeadLetterID() string {
 // time (as a push or a take does), and each topic's subscriber list lock.
 func (b *Broker) Stats() Stats {
 	now := time.Now()
+	evicted := b.dlq.evicted() // plugged-in code: outside statsMu, which topic creation needs
 	b.statsMu.RLock()
 	defer b.statsMu.RUnlock()
 	topics := b.liveTopics()
 	st := Stats{Topics: make(map[string]TopicStats, len(topics))}
 	b.gone.stats(&st)
-	st.DeadLetterEvicted = b.dlq.evicted()
+	st.DeadLetterEvicted = evicted
 	st.PluginPanics = b.panics.Load()
 	if b.mem != nil {
 		st.Dedup = b.mem.Stats()

@@ -37,15 +37,15 @@ type pipeline struct {
 // newPipeline is the delivery pipeline of subscriber name on topicName,
 // whatever carries its messages: c are its counters, onDeadLetter counts a
 // dead letter by reason (and whether the store refused it for good), and
-// stop is closed when it must stop at once.
+// stop ends when it must stop at once (the subscription's context).
 func (b *Broker) newPipeline(topicName, name string, c *subCounters, h Handler, obs Observer, policy RetryPolicy, sc subConfig,
-	onDeadLetter func(reason string, lost bool), stop <-chan struct{}) pipeline {
+	onDeadLetter func(reason string, lost bool), stop context.Context) pipeline {
 	p := pipeline{
 		handler: h, timeout: sc.timeout, policy: policy, dedup: b.dedup, plugins: b.guard,
 		rec: recorder{
 			topic: topicName, subscriber: name, c: c,
 			obs: obs, log: b.cfg.logger, dlq: b.dlq, newID: b.newDeadLetterID,
-			onDeadLetter: onDeadLetter, stop: stop,
+			onDeadLetter: onDeadLetter, stop: stop.Done(), storeCtx: storeContext(stop),
 		},
 	}
 	if sc.concurrency > 1 {
@@ -214,9 +214,18 @@ func (p *pipeline) cutOff(ctx context.Context, it *laneItem) {
 	p.rec.deadLetter(msg, timing{}, abortReason(ctx), it.last.fault, false)
 }
 
-// overflow dead-letters it, shed from a full lane.
+// overflow dead-letters it, shed from a full lane, and calls counted once
+// it ended. A copy of an ID already delivered here is deduplicated instead
+// (redriving its dead letter would run a delivered ID again).
 func (p *pipeline) overflow(it *laneItem, counted func()) {
 	msg := &it.env.msg
+	if p.dedup != nil && !it.redriven {
+		if d := p.dedupKey(&it.env, false); p.seen(&d) {
+			p.rec.deduplicated(msg)
+			counted()
+			return
+		}
+	}
 	if it.last != nil {
 		p.rec.deadLetterThen(msg, timing{}, ReasonOverflow, it.last.fault, false, counted)
 		return
@@ -258,12 +267,12 @@ func (p *pipeline) dedupKey(env *envelope, redriven bool) dedupRef {
 
 // seen asks the idempotency store whether d was delivered. A store error
 // counts as "not seen": a duplicate is within the contract, a loss is not.
-// The store gets a context that shutdown does not cancel.
+// The store gets the subscription's store ctx (see storeContext).
 func (p *pipeline) seen(d *dedupRef) bool {
 	if p.mem != nil {
 		return p.mem.seen(d.slot)
 	}
-	seen, err := p.dedup.Seen(context.Background(), d.key)
+	seen, err := p.dedup.Seen(p.rec.storeCtx, d.key)
 	if err != nil {
 		p.logStoreError("Seen", d.key.MessageID, err)
 		return false // whatever it said: a duplicate is allowed, a loss is not
@@ -277,7 +286,7 @@ func (p *pipeline) record(d *dedupRef) {
 		p.mem.record(d.slot)
 		return
 	}
-	if err := p.dedup.Record(context.Background(), d.key); err != nil {
+	if err := p.dedup.Record(p.rec.storeCtx, d.key); err != nil {
 		p.logStoreError("Record", d.key.MessageID, err)
 	}
 }

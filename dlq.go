@@ -56,19 +56,24 @@ type DeadLetter struct {
 	FailedAt time.Time
 }
 
-// DeadLetterFilter selects dead letters in List. Empty fields match
-// everything; Limit 0 means no limit.
+// DeadLetterFilter selects dead letters in List and RedriveMatching. Each
+// field set must match exactly; empty fields match everything; Limit 0
+// means no limit.
 type DeadLetterFilter struct {
 	Topic, Subscriber, ErrorCode string
-	Limit                        int
+	// Reason is one of the Reason constants (ReasonOverflow: what a
+	// shedding subscriber dropped).
+	Reason string
+	Limit  int
 }
 
-// Match reports whether dl satisfies the filter's Topic, Subscriber and
-// ErrorCode (Limit is the store's business).
+// Match reports whether dl satisfies the filter's Topic, Subscriber,
+// ErrorCode and Reason (Limit is the store's business).
 func (f DeadLetterFilter) Match(dl DeadLetter) bool {
 	return (f.Topic == "" || f.Topic == dl.Message.Topic) &&
 		(f.Subscriber == "" || f.Subscriber == dl.Subscriber) &&
-		(f.ErrorCode == "" || f.ErrorCode == dl.ErrorCode)
+		(f.ErrorCode == "" || f.ErrorCode == dl.ErrorCode) &&
+		(f.Reason == "" || f.Reason == dl.Reason)
 }
 
 // Validate reports a malformed filter (a negative Limit), wrapping
@@ -82,12 +87,18 @@ func (f DeadLetterFilter) Validate() error {
 
 // DeadLetterStore keeps dead letters. Implementations must be safe for
 // concurrent use; they may live outside this package (a database, Redis).
-// The broker calls Put from delivery goroutines with a context that is
-// never cancelled by shutdown, so a slow Put slows that subscriber. A Put
-// that fails is retried with backoff while the broker runs (holding the
-// message's key and the worker that ran it: with Concurrency 1 the
-// subscriber waits for the store), unless its error wraps
-// ErrDeadLetterRefused.
+// The broker calls Put from delivery goroutines, so a slow Put slows that
+// subscriber. Put's context is never cancelled while the subscriber runs;
+// once a Close or Unsubscribe context ends, it ends 2×ShutdownGrace later
+// (the stop's deadline, its ctx then the handlers' grace, plus a grace for
+// the stop's own dead letters), its cause matching ErrClosed or
+// ErrUnsubscribed. A Put that waits for a backend must return when its
+// context ends: that is what lets Close and Unsubscribe return soon after
+// their context ends. A Put that fails is retried with backoff while the
+// broker runs (holding the message's key and the worker that ran it: with
+// Concurrency 1 the subscriber waits for the store), unless its error wraps
+// ErrDeadLetterRefused; at a stop's deadline it is given up, logged with
+// every field and counted in DrainError.Lost.
 type DeadLetterStore interface {
 	// Put stores dl; a dl with an ID already stored replaces it.
 	Put(ctx context.Context, dl DeadLetter) error
@@ -148,6 +159,7 @@ func NewMemoryDeadLetterStore(capacity int, logger *slog.Logger) *MemoryDeadLett
 // dead letter with an ID already stored replaces it (and becomes the
 // newest).
 func (s *MemoryDeadLetterStore) Put(ctx context.Context, dl DeadLetter) error {
+	ctx = orBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -225,6 +237,7 @@ func (s *MemoryDeadLetterStore) holeLocked(seq uint64) {
 
 // List returns the matching dead letters, oldest first.
 func (s *MemoryDeadLetterStore) List(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error) {
+	ctx = orBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -249,6 +262,7 @@ func (s *MemoryDeadLetterStore) List(ctx context.Context, f DeadLetterFilter) ([
 
 // Get returns the dead letter with the given ID.
 func (s *MemoryDeadLetterStore) Get(ctx context.Context, id string) (DeadLetter, bool, error) {
+	ctx = orBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return DeadLetter{}, false, err
 	}
@@ -263,6 +277,7 @@ func (s *MemoryDeadLetterStore) Get(ctx context.Context, id string) (DeadLetter,
 
 // Delete removes the given IDs; unknown IDs are ignored.
 func (s *MemoryDeadLetterStore) Delete(ctx context.Context, ids ...string) error {
+	ctx = orBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -278,12 +293,22 @@ func (s *MemoryDeadLetterStore) Delete(ctx context.Context, ids ...string) error
 
 // Len returns how many dead letters are stored.
 func (s *MemoryDeadLetterStore) Len(ctx context.Context) (int, error) {
+	ctx = orBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.byID), nil
+}
+
+// orBackground is ctx, or context.Background() for a nil ctx (the package
+// doc promises it for every method taking a ctx).
+func orBackground(ctx context.Context) context.Context {
+	if ctx == nil {
+		return context.Background()
+	}
+	return ctx
 }
 
 // Capacity returns the most dead letters the store holds.

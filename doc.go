@@ -10,6 +10,9 @@
 // instead of a hang, [Broker.Stats] says where the backlog is, and
 // [Broker.Close] loses nothing.
 //
+// Every method of this package that takes a context.Context, the built-in
+// stores' included, treats a nil ctx as context.Background().
+//
 // # Delivery semantics
 //
 // delivery_semantics = at_least_once. A message is handed to a subscriber

@@ -184,6 +184,38 @@ func ExampleBroker_Redrive() {
 	// dead letters left: 0
 }
 
+// Redriving what a shedding subscriber dropped, once it keeps up again:
+// every dead letter of reason overflow, in one call.
+func ExampleBroker_RedriveMatching() {
+	b, _ := broker.New(broker.WithLogger(quiet))
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var got []string
+	_, _ = b.Subscribe("logs", "cleaner", func(ctx context.Context, m broker.Message) error {
+		<-release
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, m.ID)
+		return nil
+	}, broker.LaneSize(1), broker.WhenLaneFull(broker.DeadLetterNewest))
+	for i := range 5 {
+		_ = b.Publish(context.Background(), broker.Message{ID: fmt.Sprint("line-", i), Topic: "logs"})
+		if i == 0 {
+			waitFor(func() bool { return b.Stats().Topics["logs"].Subscribers["cleaner"].InFlight == 1 })
+		}
+	}
+	waitFor(func() bool { return b.Stats().Topics["logs"].Subscribers["cleaner"].DeadLettered == 3 })
+	close(release)
+
+	n, err := b.RedriveMatching(context.Background(), broker.DeadLetterFilter{Reason: broker.ReasonOverflow})
+	fmt.Println("redriven:", n, err)
+	_ = b.Close(context.Background())
+	fmt.Println("handled:", got)
+	// Output:
+	// redriven: 3 <nil>
+	// handled: [line-0 line-1 line-2 line-3 line-4]
+}
+
 // The same message ID published 100 times: the side effect happens once.
 func ExampleWithIdempotencyStore() {
 	b, _ := broker.New(

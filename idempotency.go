@@ -38,6 +38,9 @@ type DeliveryKey struct {
 // the handler succeeded, so a failed delivery is never mistaken for a
 // duplicate. When Seen fails the broker delivers anyway (a duplicate is
 // within the at-least-once contract, a loss is not) and logs the error.
+// Their context is the one DeadLetterStore.Put gets: never cancelled while
+// the subscriber runs, it ends soon after a Close's or Unsubscribe's
+// context does, and a call waiting for a backend must return then.
 //
 // The store decides what its window means: a store with a TTL remembers a
 // key for the TTL from Record, the end of a delivery. The default,
@@ -64,7 +67,10 @@ type IdempotencyStore interface {
 // (it is dated by a clock read then). Through Seen and Record the window is
 // the same, in DeliveryKey.PublishedAt (the broker sets it), so a store that
 // wraps this one behaves exactly like it; a key without PublishedAt is
-// dated by the clock at the call.
+// dated by the clock at the call. An ID delivered again more than the
+// window from its earlier delivery keeps both dates, its earliest and its
+// latest (two entries of the bound): a retry of a copy older than both is
+// still caught, and only dates between them can be forgotten.
 //
 // The table is set-associative with two choices: a key's hash picks two
 // buckets of four entries (one cache line each); a lookup checks both, and a
@@ -261,24 +267,23 @@ func (s *MemoryIdempotencyStore) seen(sl slot) bool {
 	if tab == nil {
 		return false // nothing recorded yet
 	}
-	at, ok := (*tab)[sl.i].find(sl.tag)
-	if !ok {
-		at, ok = (*tab)[sl.j].find(sl.tag)
-	}
-	return ok && s.within(sl.now, at)
+	return (*tab)[sl.i].find(s, sl) || (*tab)[sl.j].find(s, sl)
 }
 
-// find returns the date of the entry with tag, if b has one. An entry that
-// is replaced while find reads it counts as not found.
-func (b *dedupBucket) find(tag uint64) (at int64, ok bool) {
+// find reports whether b has an entry of the key of sl (a key has one or
+// two, see record) dated within the window of sl.now. An entry that is
+// replaced while find reads it counts as not found.
+func (b *dedupBucket) find(s *MemoryIdempotencyStore, sl slot) bool {
 	for x := range b {
 		e := &b[x]
-		if e.tag.Load() == tag {
-			at = e.at.Load()
-			return at, e.tag.Load() == tag
+		if e.tag.Load() == sl.tag {
+			at := e.at.Load()
+			if e.tag.Load() == sl.tag && s.within(sl.now, at) {
+				return true
+			}
 		}
 	}
-	return 0, false
+	return false
 }
 
 // within reports whether two dates are less than the window apart.
@@ -288,8 +293,13 @@ func (s *MemoryIdempotencyStore) within(now, at int64) bool {
 }
 
 // record remembers the key of sl, dated sl.now: in its own entry if it has
-// one (which keeps the later date), else in an empty slot of the emptier of
-// its two buckets, else in place of the oldest entry of the two.
+// one dated within the window (which keeps the later date), else in an
+// empty slot of the emptier of its two buckets, else in place of the oldest
+// other entry of the two. So a key delivered twice more than the window
+// apart has two entries, its earliest and its latest date (a third date
+// moves the one it is beyond): a copy published near either is still a
+// duplicate, as the window promises. (With one date moved forward, a retry
+// of an older copy ran again once a newer copy was delivered.)
 //
 // A bucket fills from its first slot (entries are replaced, never
 // removed), so its first empty slot — the oldest, dated 0 — is also how
@@ -301,12 +311,28 @@ func (s *MemoryIdempotencyStore) within(now, at int64) bool {
 func (s *MemoryIdempotencyStore) record(sl slot) {
 	tab := s.table()
 	b0, b1 := &tab[sl.i], &tab[sl.j]
-	old0, x0, tag0, own := b0.scan(sl)
-	if own {
-		return
-	}
-	old1, x1, tag1, own := b1.scan(sl)
-	if own {
+	var own ownEntries
+	old0, x0, tag0 := b0.scan(sl.tag, &own)
+	old1, x1, tag1 := b1.scan(sl.tag, &own)
+	switch own.n {
+	case 1:
+		if e, d := own.e[0], own.d[0]; s.within(sl.now, d) {
+			if d < sl.now && e.claim(sl.tag) {
+				e.set(sl.tag, max(sl.now, e.at.Load()))
+			}
+			return
+		}
+		// More than the window from its date: a second entry, below.
+	case 2:
+		lo, hi := 0, 1
+		if own.d[1] < own.d[0] {
+			lo, hi = 1, 0
+		}
+		if e := own.e[hi]; sl.now > own.d[hi] && e.claim(sl.tag) {
+			e.set(sl.tag, max(sl.now, e.at.Load()))
+		} else if e := own.e[lo]; sl.now < own.d[lo] && e.claim(sl.tag) {
+			e.set(sl.tag, min(sl.now, e.at.Load()))
+		}
 		return
 	}
 	victim, seen, dated := &b0[x0], tag0, old0
@@ -367,27 +393,34 @@ func (s *MemoryIdempotencyStore) Stats() DedupStats {
 	return st
 }
 
-// scan looks for the key of sl in b. If it is there, it dates its entry
-// sl.now unless that entry is newer, and returns own. Otherwise it returns
-// b's oldest date, where it is (its first empty slot, when it has one) and
-// the tag seen there.
-func (b *dedupBucket) scan(sl slot) (oldest int64, at int, tag uint64, own bool) {
+// ownEntries are the entries of one key found by scan: at most two.
+type ownEntries struct {
+	e [2]*dedupEntry
+	d [2]int64 // their dates
+	n int
+}
+
+// scan adds the entries of b with tag to own, and returns the oldest date
+// of b's other entries, where it is (b's first empty slot, when it has
+// one) and the tag seen there.
+func (b *dedupBucket) scan(tag uint64, own *ownEntries) (oldest int64, at int, seen uint64) {
 	oldest = math.MaxInt64
 	for x := range b {
 		e := &b[x]
 		t := e.tag.Load()
 		d := e.at.Load()
-		if t == sl.tag {
-			if d < sl.now && e.claim(t) {
-				e.set(t, max(sl.now, e.at.Load()))
+		if t == tag {
+			if own.n < len(own.e) {
+				own.e[own.n], own.d[own.n] = e, d
+				own.n++
 			}
-			return 0, 0, 0, true
+			continue
 		}
 		if d < oldest {
-			oldest, at, tag = d, x, t
+			oldest, at, seen = d, x, t
 		}
 	}
-	return oldest, at, tag, false
+	return oldest, at, seen
 }
 
 // Len returns how many entries are dated less than the window before or

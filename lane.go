@@ -69,7 +69,10 @@ func (p FullLanePolicy) String() string {
 // subscriber only, each shed message a dead letter that can be redriven.
 // The subscriber's own goroutine stores the shed messages' dead letters,
 // in the order shed (a stop at once dead-letters those the shedder has not
-// taken meanwhile); they count as in flight until stored. Should as many
+// taken meanwhile); they count as in flight until stored, and each holds
+// its ordering key until then: a later message of its Key starts only
+// after its dead letter is stored. A shed copy of an ID already delivered
+// at the subscriber ends deduplicated instead. Should as many
 // as the lane's capacity wait for the dead-letter store (besides the up
 // to 64 it is storing), the topic's dispatcher waits for room, as under
 // Block.
@@ -111,6 +114,12 @@ type lane struct {
 	parked map[*parked]struct{}
 	idle   int // workers waiting on work
 	batch  int // most messages one take hands a worker (64 for a lone worker, else 1)
+
+	// shedKeys are the ordering keys of shed messages whose dead letters
+	// are not stored yet: such a key stays held (in keys) until they are,
+	// so a later message of the key never starts before they ended (see
+	// holdForShedLocked).
+	shedKeys map[string]shedKey
 
 	// A lone worker takes up to batch queued messages under one lock and
 	// starts them one by one: until it starts one, a message is local, and
@@ -157,6 +166,14 @@ type lane struct {
 	onBreaker func(from, to BreakerState)
 }
 
+// shedKey is an ordering key held for shed messages: n are not stored
+// yet; free says no message in the lane owns the key any more, so storing
+// the last of them releases it.
+type shedKey struct {
+	n    int
+	free bool
+}
+
 // laneBatch is the most messages a worker takes under one lock.
 const laneBatch = 64
 
@@ -166,6 +183,9 @@ func newLane(capacity, workers int, policy FullLanePolicy, ordered bool, br *bre
 		batch:  laneBatch,
 		keys:   make(map[string]*fifo.Ring[laneItem]),
 		parked: make(map[*parked]struct{}),
+	}
+	if policy != Block {
+		l.shedKeys = make(map[string]shedKey)
 	}
 	if br != nil || limited || workers > 1 || policy == DeadLetterOldest {
 		// One at a time: with several workers, a batch taken by one whose
@@ -225,16 +245,16 @@ func (l *lane) pushLocked(it laneItem, noShed bool) error {
 		l.shed.Add(1)
 		if l.policy == DeadLetterNewest {
 			l.routed.Add(1)
-			l.overflowLocked(it)
+			l.overflowLocked(it, false)
 			return nil
 		}
-		victim, ok := l.evictOldestLocked() // DeadLetterOldest
+		victim, owner, ok := l.evictOldestLocked() // DeadLetterOldest
 		if !ok {
 			l.routed.Add(1)
-			l.overflowLocked(it) // nothing waits: everything is running
+			l.overflowLocked(it, false) // nothing waits: everything is running
 			return nil
 		}
-		l.overflowLocked(victim)
+		l.overflowLocked(victim, owner)
 	}
 	n := l.queued.Len()
 	l.addLocked(it)
@@ -244,13 +264,59 @@ func (l *lane) pushLocked(it laneItem, noShed bool) error {
 }
 
 // overflowLocked hands it, shed, to the shedder, which it starts if none
-// runs.
-func (l *lane) overflowLocked(it laneItem) {
+// runs, holding its ordering key until its dead letter is stored (owner:
+// it owned the key in the lane).
+func (l *lane) overflowLocked(it laneItem, owner bool) {
+	l.holdForShedLocked(&it, owner)
 	l.overflowed.Push(it)
 	if !l.shedding {
 		l.shedding = true
 		l.shedDone = make(chan struct{})
 		l.startShedder()
+	}
+}
+
+// holdForShedLocked holds the ordering key of it, shed, until its dead
+// letter is stored (shedEnded): a later message of the key waits behind
+// it, as behind a message that runs. The key is taken if no message owns
+// it; if it (owner) or another message owns it, its owner's release waits
+// for the shed ones too. (Messages held behind the key before it was shed
+// wait for its dead letter as well: later than needed, never too early.)
+func (l *lane) holdForShedLocked(it *laneItem, owner bool) {
+	k, ok := l.orderingKey(&it.env.msg)
+	if !ok {
+		return
+	}
+	sk := l.shedKeys[k]
+	sk.n++
+	if _, owned := l.keys[k]; owner || !owned {
+		l.keys[k] = l.keys[k] // taken, with what waits behind it
+		sk.free = true
+	}
+	l.shedKeys[k] = sk
+}
+
+// shedEnded says that the dead letter of it, shed, is stored (or given up
+// at a stop): once its key's shed messages have all ended and no message
+// owns it, the next message held behind it is queued.
+func (l *lane) shedEnded(it *laneItem) {
+	k, ok := l.orderingKey(&it.env.msg)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	sk, ok := l.shedKeys[k]
+	if !ok { // stopped: every key was dropped
+		return
+	}
+	if sk.n--; sk.n > 0 {
+		l.shedKeys[k] = sk
+		return
+	}
+	delete(l.shedKeys, k)
+	if sk.free {
+		l.releaseLocked(it)
 	}
 }
 
@@ -364,6 +430,11 @@ func (l *lane) releaseLocked(it *laneItem) {
 	if !ok {
 		return
 	}
+	if sk, shed := l.shedKeys[k]; shed { // held until its shed messages are stored
+		sk.free = true
+		l.shedKeys[k] = sk
+		return
+	}
 	w := l.keys[k]
 	if w == nil || w.Len() == 0 {
 		delete(l.keys, k)
@@ -375,11 +446,11 @@ func (l *lane) releaseLocked(it *laneItem) {
 }
 
 // evictOldestLocked removes the oldest message waiting — queued, else held,
-// else parked — for DeadLetterOldest.
-func (l *lane) evictOldestLocked() (laneItem, bool) {
+// else parked — for DeadLetterOldest; owner says it owned its ordering key
+// (queued or parked), which it keeps (see holdForShedLocked).
+func (l *lane) evictOldestLocked() (_ laneItem, owner, ok bool) {
 	if it, ok := l.queued.Pop(); ok {
-		l.releaseLocked(&it)
-		return it, true
+		return it, true, true
 	}
 	var oldest *fifo.Ring[laneItem]
 	for _, w := range l.keys {
@@ -390,7 +461,7 @@ func (l *lane) evictOldestLocked() (laneItem, bool) {
 	if oldest != nil {
 		it, _ := oldest.Pop()
 		l.held--
-		return it, true
+		return it, false, true
 	}
 	var first *parked
 	for p := range l.parked {
@@ -399,12 +470,11 @@ func (l *lane) evictOldestLocked() (laneItem, bool) {
 		}
 	}
 	if first == nil {
-		return laneItem{}, false
+		return laneItem{}, false, false
 	}
 	first.timer.Stop() // if it fired, its callback finds it gone
 	delete(l.parked, first)
-	l.releaseLocked(&first.it)
-	return first.it, true
+	return first.it, true, true
 }
 
 // pushWait pushes it, waiting for room (under Block, or with noShed) until
@@ -687,6 +757,7 @@ func (l *lane) stop(inFlight func(int)) (waiting, overflowed []laneItem) {
 		out = append(out, p.it)
 	}
 	clear(l.keys)
+	clear(l.shedKeys)
 	clear(l.parked)
 	l.held = 0
 	inFlight(len(out))

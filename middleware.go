@@ -144,7 +144,10 @@ func ErrorCodeOf(err error) string {
 //
 // A hook that panics is recovered and counted in Stats.PluginPanics; the
 // message is published anyway (a decoration is not worth losing a message
-// over). A hook that changes ID or Topic to invalid values gets
+// over), as the hooks before it left it: each hook works on a copy, so
+// nothing the panicking hook changed is kept (its writes to Headers
+// included; only bytes written into the caller's Payload cannot be
+// undone). A hook that changes ID or Topic to invalid values gets
 // ErrInvalidMessage from Publish.
 type PublishHook func(ctx context.Context, msg *Message) error
 
@@ -170,16 +173,24 @@ func (b *Broker) hooked(ctx context.Context, msg Message) (Message, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	h := make(map[string]string, len(msg.Headers)+2)
-	maps.Copy(h, msg.Headers)
-	msg.Headers = h
+	kept := false
 	for i, hook := range b.cfg.publishHooks {
-		if msg.Headers == nil { // a hook dropped the map: the next gets one
-			msg.Headers = make(map[string]string)
+		// Each hook decorates a copy, kept only if the hook returns: a
+		// panic leaves the message as the hooks before it left it.
+		c := msg
+		c.Headers = make(map[string]string, len(msg.Headers)+2)
+		maps.Copy(c.Headers, msg.Headers)
+		panicked, err := b.callPublishHook(ctx, hook, &c)
+		if panicked {
+			continue
 		}
-		if err := b.callPublishHook(ctx, hook, &msg); err != nil {
+		msg, kept = c, true
+		if err != nil {
 			return msg, fmt.Errorf("broker: publish %q to %q: hook %d: %w", msg.ID, msg.Topic, i, err)
 		}
+	}
+	if !kept { // every hook panicked: Headers is still the caller's map
+		msg.Headers = maps.Clone(msg.Headers)
 	}
 	if len(msg.Headers) == 0 {
 		msg.Headers = nil
@@ -188,9 +199,13 @@ func (b *Broker) hooked(ctx context.Context, msg Message) (Message, error) {
 }
 
 // callPublishHook runs one hook, guarded: a panic is recovered, logged and
-// counted, and the hook's error is then nil (the message is published
-// anyway).
-func (b *Broker) callPublishHook(ctx context.Context, hook PublishHook, msg *Message) error {
-	defer func() { b.guard.recovered("PublishHook", "call", recover()) }()
-	return hook(ctx, msg)
+// counted, and reported as panicked (the message is published anyway,
+// without what the hook did to it).
+func (b *Broker) callPublishHook(ctx context.Context, hook PublishHook, msg *Message) (panicked bool, err error) {
+	defer func() {
+		if b.guard.recovered("PublishHook", "call", recover()) != nil {
+			panicked, err = true, nil
+		}
+	}()
+	return false, hook(ctx, msg)
 }

@@ -244,6 +244,45 @@ func TestPublishHookOutcomes(t *testing.T) {
 	}
 }
 
+// A hook that panics is skipped as a whole: the message goes on as the
+// hooks before it left it, without the half-made decoration (before, its
+// Headers and Key changes were published).
+func TestPanickingPublishHookLeavesNoDecoration(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		c := &calls{}
+		first := func(_ context.Context, m *Message) error { m.Headers["first"] = "ran"; return nil }
+		partial := func(_ context.Context, m *Message) error {
+			m.Headers["tenant"] = "acme"
+			m.Headers["first"] = "overwritten"
+			m.Key = "acme"
+			m.Payload = []byte("changed")
+			panic("hook bug")
+		}
+		replaced := func(_ context.Context, m *Message) error {
+			m.Headers = map[string]string{"only": "this"}
+			m.Topic = "elsewhere"
+			panic("hook bug")
+		}
+		last := func(_ context.Context, m *Message) error { m.Headers["last"] = "ran"; return nil }
+		b := newTestBroker(t, WithPublishHook(first, partial, replaced, last))
+		_, err := b.Subscribe("t", "s", okHandler(c))
+		require.NoError(t, err)
+		mine := map[string]string{"a": "1"}
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t", Headers: mine, Payload: []byte("p")}))
+		require.NoError(t, b.PublishBatch(context.Background(), []Message{{ID: "n", Topic: "t", Headers: mine, Payload: []byte("p")}}))
+		settle(t, b)
+		assert.Equal(t, map[string]string{"a": "1"}, mine, "the caller's map is not changed")
+		require.Equal(t, 2, c.len())
+		for _, got := range c.all() {
+			assert.Equal(t, map[string]string{"a": "1", "first": "ran", "last": "ran"}, got.Headers, got.ID)
+			assert.Empty(t, got.Key, got.ID)
+			assert.Equal(t, "t", got.Topic, got.ID)
+			assert.Equal(t, "p", string(got.Payload), got.ID)
+		}
+		assert.Equal(t, uint64(4), b.Stats().PluginPanics)
+	})
+}
+
 func TestPublishHookRefusedWhenNil(t *testing.T) {
 	_, err := New(WithPublishHook(nil))
 	require.ErrorIs(t, err, ErrInvalidOption)

@@ -63,6 +63,16 @@ type SubscriberObserver interface {
 	ForSubscriber(topic, subscriber string) Observer
 }
 
+// PublishTimer is an optional interface of an Observer that may want
+// PublishEvent.Duration and RejectEvent.Duration: the broker reads the
+// clock for them after each publish only when one of its Observers'
+// TimesPublish returned true. New calls it once (a panic counts as false,
+// and is recovered and counted).
+type PublishTimer interface {
+	Observer
+	TimesPublish() bool
+}
+
 // NopObserver ignores every event; it is the default Observer and can be
 // embedded to implement only some hooks.
 type NopObserver struct{}
@@ -88,12 +98,18 @@ func (NopObserver) DeadLettered(DeadLetterEvent) {}
 type PublishEvent struct {
 	Topic, MessageID string
 	PublishedAt      time.Time
+	// Duration is how long Publish took from stamping PublishedAt to the
+	// message being queued (or handed to the transport), the wait for room
+	// included. It is measured only when an Observer is a PublishTimer
+	// (else 0), so that other observers cost no clock read per publish.
+	Duration time.Duration
 }
 
 // RejectEvent describes a refused publish.
 type RejectEvent struct {
 	Topic, MessageID string
-	Err              error // wraps ErrQueueFull, or is the context's error
+	Err              error         // wraps ErrQueueFull, or is the context's error
+	Duration         time.Duration // how long Publish waited before refusing (as PublishEvent.Duration: only for a PublishTimer)
 }
 
 // UnroutedEvent describes a message that reached no subscriber.

@@ -313,3 +313,13 @@ func (g guard) safeBackoff(backoff Backoff, retry int) (d time.Duration) {
 	}()
 	return backoff(retry)
 }
+
+// timesPublish is pt.TimesPublish(), false if it panics (logged and
+// counted).
+func (g guard) timesPublish(pt PublishTimer) (yes bool) {
+	_ = g.call("Observer", "TimesPublish", func() error {
+		yes = pt.TimesPublish()
+		return nil
+	})
+	return yes
+}

@@ -9,15 +9,18 @@ import (
 )
 
 // RateLimit lets the subscriber start at most perSecond attempts per
-// second, with bursts of up to burst (a token bucket; burst >= 1). A worker
+// second, with bursts of up to burst (a token bucket; burst >= 1). The rate
+// must be finite and large enough that one token's interval (1/perSecond
+// seconds) fits a time.Duration (about 292 years): a smaller rate, NaN or
+// an infinity is refused with ErrInvalidOption. A worker
 // that has taken a message waits for a token before the attempt: the wait
 // burns no attempt, and the message counts as in flight meanwhile. Close
 // and Unsubscribe whose context ends cut the wait short (the message is
 // dead-lettered with their reason).
 func RateLimit(perSecond float64, burst int) SubscribeOption {
 	return func(c *subConfig) error {
-		if !(perSecond > 0) || math.IsInf(perSecond, 0) {
-			return fmt.Errorf("%w: rate limit %v per second must be > 0", ErrInvalidOption, perSecond)
+		if !(perSecond > 0) || math.IsInf(perSecond, 0) || float64(time.Second)/perSecond >= math.MaxInt64 {
+			return fmt.Errorf("%w: rate limit %v per second must be finite and its interval must fit a time.Duration", ErrInvalidOption, perSecond)
 		}
 		if burst < 1 {
 			return fmt.Errorf("%w: rate limit burst %d < 1", ErrInvalidOption, burst)
@@ -54,7 +57,13 @@ func (b *tokenBucket) reserve(now time.Time) time.Duration {
 	if b.avail >= 0 {
 		return 0
 	}
-	return time.Duration(math.Ceil(-b.avail / b.rate * float64(time.Second)))
+	// Several reservations ahead at a tiny rate can overflow a Duration:
+	// clamp (a wait of centuries), never wrap to a negative wait.
+	wait := math.Ceil(-b.avail / b.rate * float64(time.Second))
+	if wait >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(wait)
 }
 
 // wait takes a token, waiting for it until ctx ends.

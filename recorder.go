@@ -23,6 +23,26 @@ type recorder struct {
 	newID             func() string                  // dead-letter IDs
 	onDeadLetter      func(reason string, lost bool) // lost: the store refused it for good
 	stop              <-chan struct{}                // closed when the subscription must stop at once: a failing Put is given up
+	storeCtx          context.Context                // the stores' ctx: ends storeGrace after stop (see storeContext)
+}
+
+// storeGrace is how long after a stop's ctx ends the stores' calls get: the
+// handlers' ShutdownGrace (the stop's deadline), then one more for the dead
+// letters of what the stop cut off and abandoned.
+const storeGrace = 2 * ShutdownGrace
+
+// storeContext is the ctx of a subscription's calls to the dead-letter and
+// idempotency stores: never cancelled while the subscription runs, it ends
+// storeGrace after stop (the subscription's context, cancelled when a
+// stop's ctx ends, with the stop's cause) does, so a store call that waits
+// for its backend or its ctx returns by then. The timer it arms then is
+// its only resource.
+func storeContext(stop context.Context) context.Context {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	context.AfterFunc(stop, func() {
+		time.AfterFunc(storeGrace, func() { cancel(context.Cause(stop)) })
+	})
+	return ctx
 }
 
 // Retries of a dead letter the store refused.
@@ -37,7 +57,7 @@ const (
 // error is returned. The worker (so the message's key) is
 // held meanwhile: a dead letter is never dropped while the broker runs.
 func (r *recorder) put(dl *DeadLetter) error {
-	err := r.dlq.Put(context.Background(), *dl)
+	err := r.dlq.Put(r.storeCtx, *dl)
 	for retry := 1; err != nil && !errors.Is(err, ErrDeadLetterRefused); retry++ {
 		delay := exponential(putRetryBase, putRetryMax, retry)
 		if r.log.Enabled(context.Background(), slog.LevelWarn) {
@@ -53,7 +73,7 @@ func (r *recorder) put(dl *DeadLetter) error {
 			return err
 		case <-t.C:
 		}
-		err = r.dlq.Put(context.Background(), *dl)
+		err = r.dlq.Put(r.storeCtx, *dl)
 	}
 	return err
 }

@@ -129,7 +129,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 		s.limiter = newTokenBucket(sc.rate, sc.burst)
 	}
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
-	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, s.countDeadLetter, s.ctx.Done())
+	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, s.countDeadLetter, s.ctx)
 	if sc.whenFull != Block {
 		s.pipe.overflowFault = brokerFault(CodeOverflow, newOverflowError(topicName, name))
 	}
@@ -246,7 +246,7 @@ func (s *Subscription) shed() {
 	buf := make([]laneItem, 0, laneBatch)
 	var i int
 	finished, stored := false, false
-	counted := func() { stored = true; s.c.inFlight.Add(-1) }
+	counted := func() { stored = true; s.c.inFlight.Add(-1); s.lane.shedEnded(&buf[i]) }
 	defer func() {
 		if !finished { // runtime.Goexit in a store or an Observer
 			if stored {

@@ -221,7 +221,7 @@ func (b *Broker) remoteOutcome(ctx context.Context, msg Message, err error) erro
 	if err == nil {
 		rt.tally.published.Add(1)
 		if b.obs != nil {
-			b.obs.Published(PublishEvent{Topic: msg.Topic, MessageID: msg.ID, PublishedAt: msg.PublishedAt})
+			b.obs.Published(PublishEvent{Topic: msg.Topic, MessageID: msg.ID, PublishedAt: msg.PublishedAt, Duration: b.publishTime(&msg)})
 		}
 		return nil
 	}
@@ -233,7 +233,7 @@ func (b *Broker) remoteOutcome(ctx context.Context, msg Message, err error) erro
 	if errors.Is(err, ErrQueueFull) || (ctx != nil && ctx.Err() != nil) {
 		rt.tally.rejected.Add(1)
 		if b.obs != nil {
-			b.obs.Rejected(RejectEvent{Topic: msg.Topic, MessageID: msg.ID, Err: err})
+			b.obs.Rejected(RejectEvent{Topic: msg.Topic, MessageID: msg.ID, Err: err, Duration: b.publishTime(&msg)})
 		}
 	}
 	return err
@@ -271,7 +271,7 @@ func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy Re
 		remote: &remoteSub{maxAttempts: policy.maxAttempts()},
 	}
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
-	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, func(string, bool) {}, s.ctx.Done())
+	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, func(string, bool) {}, s.ctx)
 	var ts TransportSubscription
 	err := b.guard.call("Transport", "Subscribe", func() (err error) {
 		ts, err = r.t.Subscribe(TransportSubscriber{

@@ -22,12 +22,15 @@ const (
 )
 
 // allowed refuses an action request before its body is read: actions off,
-// or cross origin.
-func (h *Handler) allowed(r *http.Request) error {
+// cross origin, or not authorized.
+func (h *Handler) allowed(r *http.Request, a action) error {
 	if !h.opts.AllowActions {
 		return errActionsOff
 	}
-	return h.checkOrigin(r)
+	if err := h.checkOrigin(r); err != nil {
+		return err
+	}
+	return h.authorize(r, string(a))
 }
 
 // refuse logs a refused action request and answers 403.
@@ -45,7 +48,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, a action, api b
 // dead-letter list, which states the result.
 func (h *Handler) formAction(a action) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if err := h.allowed(r); err != nil {
+		if err := h.allowed(r, a); err != nil {
 			h.refuse(w, r, a, false, err)
 			return
 		}
@@ -65,7 +68,7 @@ func (h *Handler) formAction(a action) http.HandlerFunc {
 		}
 		res := h.do(r, a, ids)
 		back := url.Values{}
-		for _, k := range []string{"topic", "subscriber", "code", "reason"} {
+		for _, k := range []string{"topic", "subscriber", "code", "reason", "message_id", "since", "until", "order"} {
 			if v := r.PostForm.Get(k); v != "" {
 				back.Set(k, v)
 			}
@@ -90,7 +93,7 @@ func (h *Handler) formAction(a action) http.HandlerFunc {
 // ActionResult (200 even when some IDs failed).
 func (h *Handler) apiAction(a action) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		err := h.allowed(r)
+		err := h.allowed(r, a)
 		if err == nil && !h.validToken(r, r.Header.Get(csrfHeader)) {
 			err = errBadToken
 		}

@@ -24,6 +24,8 @@ const (
 	MaxPageSize           = 1000                   // most dead letters per list page (the limit parameter)
 	DefaultMaxScan        = 10_000                 // most dead letters one list request reads
 	DefaultPayloadLimit   = 64 << 10               // payload bytes the detail page shows
+	ListErrorLimit        = 1 << 10                // bytes of each error a list (page or JSON) carries
+	FieldLimit            = 200                    // characters of a topic, subscriber, ID, code or key a list shows; 16× that on the detail page
 	MaxActionIDs          = 1000                   // most dead-letter IDs one action request may name
 	maxActionBody         = 1 << 20                // bytes of an action request's body
 )
@@ -56,11 +58,13 @@ type Options struct {
 	// PageSize is how many dead letters a list shows when the request sets
 	// no limit (default DefaultPageSize, at most MaxPageSize).
 	PageSize int
-	// MaxScan bounds how many dead letters one list request reads from the
-	// store (default DefaultMaxScan): the store filters by topic, subscriber
-	// and error code, the handler by reason, and pages are cut from the
-	// first MaxScan matches. It is raised to PageSize if lower, and a list
-	// request whose offset + limit passes it is refused (400).
+	// MaxScan bounds how far one list request pages (default
+	// DefaultMaxScan): a request whose offset + limit passes it is refused
+	// (400). Oldest first with a message ID or time range, which the
+	// handler filters itself, it reads at most MaxScan of the store's
+	// matches (newest first, the store's ListNewest does the filtering).
+	// It also bounds "all matching" actions. It is raised to PageSize if
+	// lower.
 	MaxScan int
 	// PayloadLimit is how many bytes of a payload the detail page shows
 	// (default DefaultPayloadLimit); the full size is stated beside it.
@@ -72,7 +76,31 @@ type Options struct {
 	// Logger receives a line per action and per refused action request
 	// (default slog.Default()).
 	Logger *slog.Logger
+	// Authorize, when set, is asked before every action (with AllowActions):
+	// a non-nil error refuses it with 403 Forbidden, and a page shows the
+	// action buttons only to a request Authorize allows some action. So one
+	// handler serves a read-only role and an actions role, say by a header
+	// the authenticating proxy sets. The action is one of ActionRedrive,
+	// ActionDelete, ActionRedriveMatching, ActionDeleteMatching. It must be
+	// safe for concurrent use; a panic counts as a refusal.
+	Authorize func(r *http.Request, action string) error
+	// SecureCookie marks the CSRF cookie Secure even on plain HTTP: for a
+	// handler behind a proxy that terminates TLS (the cookie is Secure
+	// anyway when the request came over TLS).
+	SecureCookie bool
+	// TrustForwardedProto marks the CSRF cookie Secure when the request
+	// has X-Forwarded-Proto: https. Set it only behind a proxy that sets
+	// that header itself (a client could send it otherwise).
+	TrustForwardedProto bool
 }
+
+// Actions, as Options.Authorize is asked about them.
+const (
+	ActionRedrive         = "redrive"          // redrive the selected dead letters
+	ActionDelete          = "delete"           // delete the selected dead letters
+	ActionRedriveMatching = "redrive_matching" // redrive every dead letter matching a filter
+	ActionDeleteMatching  = "delete_matching"  // delete every dead letter matching a filter
+)
 
 // Handler is the admin page: an http.Handler serving the pages, the JSON
 // endpoints and the embedded assets of the package doc. Create it with New;
@@ -194,6 +222,8 @@ func (h *Handler) routes() {
 	m.HandleFunc("GET /deadletters/{id}", h.deadLetter)
 	m.HandleFunc("POST /redrive", h.formAction(actionRedrive))
 	m.HandleFunc("POST /delete", h.formAction(actionDelete))
+	m.HandleFunc("POST /redrive-matching", h.matchingAction(ActionRedriveMatching))
+	m.HandleFunc("POST /delete-matching", h.matchingAction(ActionDeleteMatching))
 	m.HandleFunc("GET /api/stats", h.apiStats)
 	m.HandleFunc("GET /api/deadletters", h.apiDeadLetters)
 	m.HandleFunc("GET /api/deadletters/{id}", h.apiDeadLetter)

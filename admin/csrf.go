@@ -41,7 +41,7 @@ func (h *Handler) token(w http.ResponseWriter, r *http.Request) string {
 			Value:    nonce,
 			Path:     mountPath(r),
 			HttpOnly: true,
-			Secure:   r.TLS != nil,
+			Secure:   h.secure(r),
 			SameSite: http.SameSiteLaxMode,
 		})
 	}

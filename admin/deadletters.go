@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -19,18 +20,58 @@ import (
 // listQuery is a dead-letter list request: the filter form's fields.
 type listQuery struct {
 	Topic, Subscriber, Code, Reason string
+	MessageID                       string
+	Since, Until                    time.Time // FailedAt range; zero: unbounded
+	Oldest                          bool      // oldest first (the default is newest first)
 	Limit, Offset                   int
 }
 
+// timeLayouts are what since and until accept: RFC 3339, or what an
+// <input type="datetime-local"> sends (taken as UTC, as the page shows
+// times).
+var timeLayouts = []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04"}
+
+func parseTime(name, s string) (time.Time, error) {
+	for _, l := range timeLayouts {
+		if t, err := time.ParseInLocation(l, s, time.UTC); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%s %q: want a time such as 2026-12-01T14:30 (UTC) or RFC 3339", name, cut(40, s))
+}
+
 // parseListQuery reads the query parameters topic, subscriber, code,
-// reason, limit and offset.
+// reason, message_id, since, until, order (newest or oldest), limit and
+// offset.
 func (h *Handler) parseListQuery(v url.Values) (listQuery, error) {
 	q := listQuery{
 		Topic:      v.Get("topic"),
 		Subscriber: v.Get("subscriber"),
 		Code:       v.Get("code"),
 		Reason:     v.Get("reason"),
+		MessageID:  v.Get("message_id"),
 		Limit:      h.opts.PageSize,
+	}
+	switch o := v.Get("order"); o {
+	case "", "newest":
+	case "oldest":
+		q.Oldest = true
+	default:
+		return q, fmt.Errorf("order %q: want newest or oldest", cut(40, o))
+	}
+	var err error
+	if s := v.Get("since"); s != "" {
+		if q.Since, err = parseTime("since", s); err != nil {
+			return q, err
+		}
+	}
+	if s := v.Get("until"); s != "" {
+		if q.Until, err = parseTime("until", s); err != nil {
+			return q, err
+		}
+	}
+	if !q.Since.IsZero() && !q.Until.IsZero() && !q.Until.After(q.Since) {
+		return q, fmt.Errorf("until %s is not after since %s", fmtTime(q.Until), fmtTime(q.Since))
 	}
 	if s := v.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -55,40 +96,71 @@ func (h *Handler) parseListQuery(v url.Values) (listQuery, error) {
 // values is q as query parameters (without paging), for links.
 func (q listQuery) values() url.Values {
 	v := url.Values{}
-	for k, s := range map[string]string{"topic": q.Topic, "subscriber": q.Subscriber, "code": q.Code, "reason": q.Reason} {
+	for k, s := range map[string]string{"topic": q.Topic, "subscriber": q.Subscriber, "code": q.Code, "reason": q.Reason, "message_id": q.MessageID} {
 		if s != "" {
 			v.Set(k, s)
 		}
 	}
+	for k, t := range map[string]time.Time{"since": q.Since, "until": q.Until} {
+		if !t.IsZero() {
+			v.Set(k, t.Format(time.RFC3339Nano))
+		}
+	}
+	if q.Oldest {
+		v.Set("order", "oldest")
+	}
 	return v
 }
 
-// list returns one page of the dead letters matching q. The store filters
-// by topic, subscriber and code and returns them oldest first; the reason
-// is filtered here, over at most MaxScan of them. Each read asks for one
-// more than it uses, to know whether there are more.
+// storeQuery is q for the store.
+func (q listQuery) storeQuery() broker.DeadLetterQuery {
+	return broker.DeadLetterQuery{
+		DeadLetterFilter: broker.DeadLetterFilter{Topic: q.Topic, Subscriber: q.Subscriber, ErrorCode: q.Code, Reason: q.Reason},
+		MessageID:        q.MessageID, Since: q.Since, Until: q.Until,
+	}
+}
+
+// list returns one page of the dead letters matching q. Newest first (the
+// default), broker.ListNewest reads from the store's newest end (a store
+// that is no broker.DeadLetterLister is read whole through List). Oldest
+// first, the store's List filters by topic, subscriber, code and reason;
+// a message ID or time range is filtered here, over at most MaxScan of
+// them. Each read asks for one more than it uses, to know whether there
+// are more; what the store returns is matched again (a store may ignore a
+// filter field it predates).
 func (h *Handler) list(ctx context.Context, q listQuery) (DeadLetterList, error) {
 	store := h.b.DeadLetters()
+	sq := q.storeQuery()
 	scan := q.Offset + q.Limit
-	if q.Reason != "" {
-		scan = h.opts.MaxScan
+	var dls []broker.DeadLetter
+	var err error
+	out := DeadLetterList{Offset: q.Offset, Limit: q.Limit, Stored: -1, DeadLetters: []DeadLetterSummary{}, NewestFirst: !q.Oldest}
+	if q.Oldest {
+		f := sq.DeadLetterFilter
+		local := q.MessageID != "" || !q.Since.IsZero() || !q.Until.IsZero()
+		if local {
+			scan = h.opts.MaxScan
+		}
+		f.Limit = scan + 1
+		dls, err = store.List(ctx, f)
+		if local {
+			out.Truncated = len(dls) > scan
+			dls = dls[:min(len(dls), scan)] // also for a store that ignores Limit
+		}
+	} else {
+		sq.Limit = scan + 1
+		dls, err = broker.ListNewest(ctx, store, sq)
 	}
-	dls, err := store.List(ctx, broker.DeadLetterFilter{Topic: q.Topic, Subscriber: q.Subscriber, ErrorCode: q.Code, Limit: scan + 1})
 	if err != nil {
 		return DeadLetterList{}, fmt.Errorf("admin: list dead letters: %w", err)
 	}
-	out := DeadLetterList{Offset: q.Offset, Limit: q.Limit, Stored: -1, DeadLetters: []DeadLetterSummary{}}
-	if q.Reason != "" {
-		out.Truncated = len(dls) > scan
-		dls = dls[:min(len(dls), scan)] // also for a store that ignores Limit
-	}
 	n := 0 // matches so far (the store's slice is not modified)
 	for _, dl := range dls {
-		if q.Reason != "" && dl.Reason != q.Reason {
+		if !sq.Match(dl) {
 			continue
 		}
 		if n >= q.Offset && n < q.Offset+q.Limit {
-			out.DeadLetters = append(out.DeadLetters, summary(dl))
+			out.DeadLetters = append(out.DeadLetters, listSummary(dl))
 		}
 		n++
 	}
@@ -97,6 +169,17 @@ func (h *Handler) list(ctx context.Context, q listQuery) (DeadLetterList, error)
 		out.Stored = n
 	}
 	return out, nil
+}
+
+// listSummary is summary with the error cut to ListErrorLimit bytes: a
+// list of 50 dead letters with 256 KiB errors each would be 13 MB.
+func listSummary(dl broker.DeadLetter) DeadLetterSummary {
+	s := summary(dl)
+	if len(s.Error) > ListErrorLimit {
+		s.Error = cutBytes(s.Error, ListErrorLimit)
+		s.ErrorTruncated = true
+	}
+	return s
 }
 
 func summary(dl broker.DeadLetter) DeadLetterSummary {
@@ -114,22 +197,30 @@ func summary(dl broker.DeadLetter) DeadLetterSummary {
 		FailedAt:    dl.FailedAt,
 		PublishedAt: dl.Message.PublishedAt,
 		PayloadSize: len(dl.Message.Payload),
+		ErrorSize:   len(dl.Error),
 	}
 }
 
-func detail(dl broker.DeadLetter) DeadLetterDetail {
+// detail is the whole of dl, its payload as text when printable (and
+// base64 false), else as bytes: one encoding, not both (a 5 MiB payload
+// made a 12 MB answer with both).
+func detail(dl broker.DeadLetter, base64 bool) DeadLetterDetail {
 	d := DeadLetterDetail{
 		DeadLetterSummary: summary(dl),
 		Attempt:           dl.Message.Attempt,
 		Headers:           dl.Message.Headers,
-		Payload:           dl.Message.Payload,
 	}
 	if d.Headers == nil {
 		d.Headers = map[string]string{}
 	}
-	if printable(dl.Message.Payload) {
+	if !base64 && printable(dl.Message.Payload) {
 		s := string(dl.Message.Payload)
 		d.PayloadText = &s
+	} else {
+		d.Payload = dl.Message.Payload
+		if d.Payload == nil {
+			d.Payload = []byte{}
+		}
 	}
 	return d
 }
@@ -205,6 +296,12 @@ type listPage struct {
 	Notice       string
 	NoticeBad    bool
 	NoticeDone   string
+	// Matching is how many dead letters match the filter, for "redrive all
+	// matching" and "delete all matching" (0: not offered: none, or a
+	// message ID or time range in the filter); MatchingMore says there are
+	// more than Matching (MaxScan).
+	Matching     int
+	MatchingMore bool
 }
 
 var reasons = []string{broker.ReasonExhausted, broker.ReasonPermanent, broker.ReasonShutdown,
@@ -268,6 +365,11 @@ func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) {
 		p.Next = link(q.Offset + q.Limit)
 	}
 	p.Notice, p.NoticeBad, p.NoticeDone = notice(r.URL.Query())
+	if f, ok := q.matchingFilter(); ok && p.AllowActions && (p.Can[ActionRedriveMatching] || p.Can[ActionDeleteMatching]) && len(list.DeadLetters) > 0 {
+		if n, err := h.countMatching(r, f, h.opts.MaxScan); err == nil {
+			p.Matching, p.MatchingMore = min(n, h.opts.MaxScan), n > h.opts.MaxScan
+		}
+	}
 	h.render(w, http.StatusOK, "deadletters", p)
 }
 
@@ -277,9 +379,9 @@ func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) {
 func notice(v url.Values) (text string, bad bool, done string) {
 	var verb string
 	switch done = v.Get("done"); done {
-	case string(actionRedrive):
+	case string(actionRedrive), ActionRedriveMatching:
 		verb = "Redrove"
-	case string(actionDelete):
+	case string(actionDelete), ActionDeleteMatching:
 		verb = "Deleted"
 	default:
 		return "", false, ""
@@ -312,6 +414,7 @@ func plural(n int) string {
 type detailPage struct {
 	page
 	DL      DeadLetterSummary
+	Error   string // DL.Error, at most PayloadLimit bytes of it
 	Attempt int
 	Headers []headerView
 	Payload payloadView
@@ -332,6 +435,7 @@ func (h *Handler) deadLetter(w http.ResponseWriter, r *http.Request) {
 	h.render(w, http.StatusOK, "deadletter", detailPage{
 		page:    h.newPage(w, r, "deadletter", "Dead letter "+id, "../"),
 		DL:      summary(dl),
+		Error:   cutBytes(dl.Error, h.opts.PayloadLimit),
 		Attempt: dl.Message.Attempt,
 		Headers: viewHeaders(dl.Message.Headers),
 		Payload: viewPayload(dl.Message.Payload, h.opts.PayloadLimit),
@@ -363,7 +467,12 @@ func (h *Handler) apiDeadLetter(w http.ResponseWriter, r *http.Request) {
 	case !ok:
 		h.fail(w, r, true, http.StatusNotFound, fmt.Sprintf("no dead letter %q", id))
 	default:
-		writeJSON(w, http.StatusOK, detail(dl))
+		switch enc := r.URL.Query().Get("payload"); enc {
+		case "", "base64":
+			writeJSON(w, http.StatusOK, detail(dl, enc == "base64"))
+		default:
+			h.fail(w, r, true, http.StatusBadRequest, fmt.Sprintf("payload %q: want base64 or nothing", cut(40, enc)))
+		}
 	}
 }
 

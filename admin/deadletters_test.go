@@ -125,24 +125,32 @@ func TestDeadLetterListRefusesBadQueries(t *testing.T) {
 	}
 }
 
-// TestReasonFilterScansAtMostMaxScan: the reason is filtered here, over the
-// first MaxScan dead letters, and the answer says when it stopped there.
-func TestReasonFilterScansAtMostMaxScan(t *testing.T) {
+// TestLocalFilterScansAtMostMaxScan: oldest first, a message ID or time
+// range is filtered here, over the first MaxScan dead letters the store's
+// filter returns, and the answer says when it stopped there; the reason
+// goes to the store (no scan), and newest first reads from the newest end.
+func TestLocalFilterScansAtMostMaxScan(t *testing.T) {
 	b := failingBroker(t) // 5 dead letters
 	h := newHandler(t, b, Options{MaxScan: 3, PageSize: 2})
 	var list DeadLetterList
-	getJSON(t, h, "/api/deadletters?reason=exhausted", &list)
+	getJSON(t, h, "/api/deadletters?order=oldest&since=2000-01-01T00:00", &list)
 	assert.True(t, list.Truncated)
-	getJSON(t, h, "/api/deadletters?reason=exhausted&topic=orders&subscriber=flaky", &list)
-	assert.False(t, list.Truncated, "2 matches the store's filter: all read")
 	assert.Len(t, list.DeadLetters, 2)
-	assert.Contains(t, getOK(t, h, "/deadletters?reason=exhausted"), "Only the first 3 matching")
+	getJSON(t, h, "/api/deadletters?order=oldest&since=2000-01-01T00:00&topic=orders&subscriber=flaky", &list)
+	assert.False(t, list.Truncated, "2 match the store's filter: all read")
+	assert.Len(t, list.DeadLetters, 2)
+	assert.Contains(t, getOK(t, h, "/deadletters?order=oldest&since=2000-01-01T00:00"), "Only the oldest 3 matching")
+	getJSON(t, h, "/api/deadletters?reason=exhausted&order=oldest", &list)
+	assert.False(t, list.Truncated, "the store filters by reason")
+	getJSON(t, h, "/api/deadletters?since=2000-01-01T00:00", &list)
+	assert.False(t, list.Truncated, "newest first is read from the newest end")
+	assert.True(t, list.More)
 
 	exact := newHandler(t, b, Options{MaxScan: 5, PageSize: 2}) // the store holds exactly MaxScan
-	getJSON(t, exact, "/api/deadletters?reason=exhausted", &list)
+	getJSON(t, exact, "/api/deadletters?order=oldest&since=2000-01-01T00:00", &list)
 	assert.False(t, list.Truncated, "all 5 read: none left unseen")
 	assert.Len(t, list.DeadLetters, 2)
-	assert.NotContains(t, getOK(t, exact, "/deadletters?reason=exhausted"), "Only the first")
+	assert.NotContains(t, getOK(t, exact, "/deadletters?order=oldest&since=2000-01-01T00:00"), "Only the oldest")
 }
 
 // TestDeadLetterDetail shows every field of a dead letter the broker made.
@@ -187,9 +195,13 @@ func TestDeadLetterDetail(t *testing.T) {
 	assert.False(t, d.Retryable)
 	assert.True(t, d.FailedAt.Equal(dl.FailedAt))
 	assert.Equal(t, dl.Message.Headers, d.Headers)
-	assert.Equal(t, []byte("hello,\nworld"), d.Payload)
+	assert.Nil(t, d.Payload, "a printable payload comes once, as text")
 	require.NotNil(t, d.PayloadText)
 	assert.Equal(t, "hello,\nworld", *d.PayloadText)
+	var b64 DeadLetterDetail
+	getJSON(t, h, "/api/deadletters/"+pathEscape(id)+"?payload=base64", &b64)
+	assert.Equal(t, []byte("hello,\nworld"), b64.Payload, "as base64 on request")
+	assert.Nil(t, b64.PayloadText)
 
 	for _, p := range []string{"/deadletters/nope", "/api/deadletters/nope"} {
 		assert.Equal(t, http.StatusNotFound, get(h, p).Code, p)
@@ -241,7 +253,12 @@ func TestPayloadShownSafely(t *testing.T) {
 
 			var d DeadLetterDetail
 			getJSON(t, h, "/api/deadletters/dl", &d)
-			assert.Equal(t, []byte(tt.payload), []byte(d.Payload), "the API has the whole payload")
+			whole := []byte(d.Payload)
+			if d.PayloadText != nil {
+				assert.Nil(t, d.Payload, "one encoding")
+				whole = []byte(*d.PayloadText)
+			}
+			assert.Equal(t, []byte(tt.payload), whole, "the API has the whole payload")
 			assert.Equal(t, len(tt.payload), d.PayloadSize)
 			assert.Equal(t, tt.jsonText, d.PayloadText != nil)
 		})

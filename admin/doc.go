@@ -25,7 +25,11 @@
 //     table. The page refreshes itself: a small embedded script polls
 //     api/stats, and without JavaScript a meta refresh reloads it.
 //   - deadletters lists dead letters, filtered by topic, subscriber, error
-//     code and reason, a page at a time, oldest first (the store's order).
+//     code, reason, message ID and failure time, a page at a time, newest
+//     first (through broker.ListNewest, which reads a
+//     broker.DeadLetterLister store from its newest end) or oldest first.
+//     With actions on it also offers redrive and delete of every dead
+//     letter matching the filter, the confirmation naming how many.
 //   - deadletters/{id} shows one: headers, error, attempts, reason, times
 //     and the payload, as text when it is printable UTF-8 and as a hex dump
 //     otherwise, at most Options.PayloadLimit bytes of it.
@@ -65,7 +69,10 @@
 //
 // Every value (topic, subscriber, IDs, headers, errors, payloads) is
 // escaped by html/template or encoding/json; IDs in URLs are
-// percent-encoded. Every response carries a Content-Security-Policy that
+// percent-encoded. What a page shows of a user-controlled string is
+// bounded (FieldLimit, ListErrorLimit, PayloadLimit) and has its
+// bidirectional control characters written as code points ([U+202E]), so
+// that no value can widen the page or reorder the text around it. Every response carries a Content-Security-Policy that
 // allows only the embedded script and style (no inline script), with
 // frame-ancestors 'none', X-Frame-Options DENY, X-Content-Type-Options
 // nosniff and Referrer-Policy no-referrer; pages and JSON are not cached.

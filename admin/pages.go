@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 //go:embed templates/*.html
@@ -35,6 +36,10 @@ var pages = func() map[string]*template.Template {
 		"breaker": fmtBreaker,
 		"cut":     cut,
 		"bytes":   fmtBytes,
+		"safe":    neutral,
+		"field":   func(s string) string { return neutral(cut(FieldLimit, s)) },
+		"long":    func(s string) string { return neutral(cut(16*FieldLimit, s)) },
+		"local":   fmtLocal,
 	}
 	out := map[string]*template.Template{}
 	for _, name := range []string{"overview", "deadletters", "deadletter", "error"} {
@@ -46,20 +51,25 @@ var pages = func() map[string]*template.Template {
 
 // page is what every page's layout needs.
 type page struct {
-	AppTitle     string // Options.Title
-	Title        string // this page's
-	Page         string // body's data-page
-	Root         string // relative path from the page to the mount point: "../" per path segment
-	AllowActions bool
-	Token        string // CSRF token for the forms; "" when actions are off
-	RefreshMS    int64  // the overview's refresh period
+	AppTitle     string          // Options.Title
+	Title        string          // this page's
+	Page         string          // body's data-page
+	Root         string          // relative path from the page to the mount point: "../" per path segment
+	AllowActions bool            // actions on, and Authorize allows this request some action
+	Can          map[string]bool // by action: Authorize allows it (all true without the hook)
+	Token        string          // CSRF token for the forms; "" when actions are off
+	RefreshMS    int64           // the overview's refresh period
 	RefreshSec   int
 }
 
 func (h *Handler) newPage(w http.ResponseWriter, r *http.Request, name, title, root string) page {
-	p := page{AppTitle: h.opts.Title, Title: title, Page: name, Root: root, AllowActions: h.opts.AllowActions}
+	p := page{AppTitle: h.opts.Title, Title: title, Page: name, Root: root, AllowActions: h.canAct(r)}
 	if p.AllowActions {
 		p.Token = h.token(w, r)
+		p.Can = map[string]bool{}
+		for _, a := range []string{ActionRedrive, ActionDelete, ActionRedriveMatching, ActionDeleteMatching} {
+			p.Can[a] = h.authorize(r, a) == nil
+		}
 	}
 	return p
 }
@@ -254,6 +264,41 @@ func fmtTime(t time.Time) string {
 	return t.UTC().Format("2006-01-02 15:04:05.000Z")
 }
 
+// fmtLocal is t as an <input type="datetime-local"> value, in UTC; "" for
+// the zero time.
+func fmtLocal(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format("2006-01-02T15:04:05")
+}
+
+// neutral makes s safe to show next to other text: each bidirectional
+// control (the embeddings, overrides and isolates U+202A–U+202E and
+// U+2066–U+2069, the marks U+200E, U+200F and U+061C), which would reorder
+// what follows it, is shown as its code point instead ("bidi-" U+202E
+// "evil" would render as "bidi-live"). Every user-controlled string a page
+// shows goes through it; payloads are already hex-dumped when they hold
+// such characters.
+func neutral(s string) string {
+	if !strings.ContainsFunc(s, isBidiControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if isBidiControl(r) {
+			fmt.Fprintf(&b, "[U+%04X]", r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func isBidiControl(r rune) bool {
+	return r >= 0x202A && r <= 0x202E || r >= 0x2066 && r <= 0x2069 || r == 0x200E || r == 0x200F || r == 0x061C
+}
+
 func fmtClock(t time.Time) string { return t.UTC().Format("15:04:05Z") }
 
 func fmtBytes(n int) string {
@@ -265,6 +310,19 @@ func fmtBytes(n int) string {
 }
 
 // cut shortens s to n runes, with an ellipsis.
+// cutBytes is s cut to at most n bytes, not inside a character, with "…"
+// when cut.
+func cutBytes(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + "…"
+}
+
 func cut(n int, s string) string {
 	if len(s) <= n {
 		return s

@@ -294,7 +294,7 @@ func TestMounts(t *testing.T) {
 			}
 			assert.Greater(t, len(visited), 12, "a detail page per dead letter, pages of the list")
 			for _, f := range forms {
-				assert.Contains(t, []string{tt.base + "redrive", tt.base + "delete"}, f.Path)
+				assert.Contains(t, []string{tt.base + "redrive", tt.base + "delete", tt.base + "redrive-matching", tt.base + "delete-matching"}, f.Path)
 			}
 
 			// An action: the cookie is scoped to the mount, the redirect

@@ -97,16 +97,18 @@ type Sample struct {
 }
 
 // DeadLetterList is the body of GET api/deadletters: one page of the dead
-// letters matching the query, oldest first.
+// letters matching the query, newest first unless order=oldest. Each
+// error is cut to ListErrorLimit bytes (the detail has it whole).
 type DeadLetterList struct {
 	DeadLetters []DeadLetterSummary `json:"dead_letters"`
 	Offset      int                 `json:"offset"`
 	Limit       int                 `json:"limit"`
+	NewestFirst bool                `json:"newest_first"`
 	// More is true when more dead letters match after this page.
 	More bool `json:"more"`
-	// Truncated is true when more than Options.MaxScan dead letters match
-	// the store's filter and the handler filtered only the first MaxScan by
-	// reason: later ones were not looked at.
+	// Truncated is true, oldest first, when more than Options.MaxScan dead
+	// letters match the store's filter and the handler filtered only the
+	// first MaxScan by message ID or time: later ones were not looked at.
 	Truncated bool `json:"truncated"`
 	// Stored is how many dead letters the store holds, all filters aside;
 	// -1 if the store failed to say.
@@ -128,6 +130,10 @@ type DeadLetterSummary struct {
 	FailedAt    time.Time `json:"failed_at"`
 	PublishedAt time.Time `json:"published_at"`
 	PayloadSize int       `json:"payload_size"`
+	ErrorSize   int       `json:"error_size"` // bytes of the whole error
+	// ErrorTruncated is true in a list when Error was cut to
+	// ListErrorLimit bytes.
+	ErrorTruncated bool `json:"error_truncated,omitempty"`
 }
 
 // DeadLetterDetail is the body of GET api/deadletters/{id}: the whole dead
@@ -136,10 +142,12 @@ type DeadLetterDetail struct {
 	DeadLetterSummary
 	Attempt int               `json:"attempt"` // the message's last attempt number
 	Headers map[string]string `json:"headers"`
-	Payload []byte            `json:"payload"` // whole, base64 in JSON
-	// PayloadText is the payload as text when it is printable UTF-8
-	// (letters, marks, numbers, punctuation, symbols, spaces, tabs and line
-	// breaks; no control or format characters); absent otherwise.
+	// The payload comes whole, in one encoding: PayloadText when it is
+	// printable UTF-8 (letters, marks, numbers, punctuation, symbols,
+	// spaces, tabs and line breaks; no control or format characters),
+	// else Payload (base64 in JSON). With ?payload=base64 it is always
+	// Payload.
+	Payload     []byte  `json:"payload,omitempty"`
 	PayloadText *string `json:"payload_text,omitempty"`
 }
 

@@ -29,10 +29,18 @@ const (
 
 // Histogram bucket boundaries, in seconds.
 var (
-	// processBuckets are the conventions' for messaging durations.
-	processBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+	// processBuckets are the conventions' for messaging durations (5 ms
+	// to 10 s) with finer ones below, from 100 µs: an in-process handler
+	// often takes well under a millisecond. brokerprom has the same.
+	processBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+		0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+	// publishBuckets are messaging.client.operation.duration's: from 10 µs
+	// (an in-memory Publish takes about a microsecond) to 10 s (a Publish
+	// waiting out its timeout), as brokerprom's publish_duration_seconds.
+	publishBuckets = []float64{0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10}
 	// endToEndBuckets reach further: retries with backoff take minutes.
-	endToEndBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+	endToEndBuckets = []float64{0.0005, 0.001, 0.0025,
+		0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
 )
 
 // instruments are the synchronous instruments, created once by New.
@@ -46,6 +54,7 @@ type instruments struct {
 	deadLettered metric.Int64Counter
 	deduplicated metric.Int64Counter
 	endToEnd     metric.Float64Histogram
+	operation    metric.Float64Histogram // messaging.client.operation.duration (Options.PublishDuration)
 	stats        statsInstruments
 }
 
@@ -69,7 +78,9 @@ func (in *instruments) init(m metric.Meter) error {
 		metric.WithDescription("Time from publish to the message's final outcome at a subscriber."),
 		metric.WithExplicitBucketBoundaries(endToEndBuckets...))
 	err10 := in.stats.init(m)
-	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8, err9, err10); err != nil {
+	operation, err11 := messagingconv.NewClientOperationDuration(m, metric.WithExplicitBucketBoundaries(publishBuckets...))
+	in.operation = operation.Inst()
+	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8, err9, err10, err11); err != nil {
 		return fmt.Errorf("brokerotel: create instruments: %w", err)
 	}
 	return nil
@@ -78,7 +89,11 @@ func (in *instruments) init(m metric.Meter) error {
 // Published counts an accepted message in messaging.client.sent.messages.
 // It is part of t's broker.Observer.
 func (t *Telemetry) Published(ev broker.PublishEvent) {
-	t.inst.sent.Add(context.Background(), 1, t.sets.topic(ev.Topic).sent.add...)
+	ts := t.sets.topic(ev.Topic)
+	t.inst.sent.Add(context.Background(), 1, ts.sent.add...)
+	if t.timed {
+		t.inst.operation.Record(context.Background(), seconds(ev.Duration), ts.sent.rec...)
+	}
 }
 
 // Rejected counts a refused publish in messaging.client.sent.messages with
@@ -88,6 +103,9 @@ func (t *Telemetry) Rejected(ev broker.RejectEvent) {
 	set := attribute.NewSet(systemAttr, opPublish, opTypeSend,
 		semconv.MessagingDestinationName(ev.Topic), semconv.ErrorTypeKey.String(rejectType(ev.Err)))
 	t.inst.sent.Add(context.Background(), 1, metric.WithAttributeSet(set))
+	if t.timed {
+		t.inst.operation.Record(context.Background(), seconds(ev.Duration), metric.WithAttributeSet(set))
+	}
 }
 
 // rejectType is the error.type of a refused publish.
@@ -188,6 +206,7 @@ func (t *Telemetry) deadLettered(ss *subSets, dl *broker.DeadLetter) {
 	set := attribute.NewSet(append(ss.attrs(),
 		ReasonKey.String(dl.Reason), semconv.ErrorTypeKey.String(t.codes.bound(dl.ErrorCode)))...)
 	t.inst.deadLettered.Add(ctx, 1, metric.WithAttributeSet(set))
+	t.markDeadLetter(ss, dl)
 	if !dl.Message.PublishedAt.IsZero() && !dl.FailedAt.IsZero() {
 		t.inst.endToEnd.Record(ctx, seconds(dl.FailedAt.Sub(dl.Message.PublishedAt)), ss.deadLettered.rec...)
 	}

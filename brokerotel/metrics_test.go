@@ -93,8 +93,9 @@ func TestMetrics(t *testing.T) {
 		h, ok := ms["messaging.process.duration"].Data.(metricdata.Histogram[float64])
 		require.True(t, ok)
 		require.NotEmpty(t, h.DataPoints)
-		assert.Equal(t, []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10},
-			h.DataPoints[0].Bounds, "the conventions' buckets")
+		assert.Equal(t, []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+			0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10},
+			h.DataPoints[0].Bounds, "the conventions' buckets, finer below 5 ms")
 	})
 
 	t.Run("counters match Stats", func(t *testing.T) {

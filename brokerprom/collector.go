@@ -53,7 +53,11 @@ type Collector struct {
 	// exported; the hooks ForSubscriber returns do not (see there).
 	mu     sync.RWMutex
 	series map[seriesKey]*series
-	epoch  atomic.Uint64 // scrapes begun; a series is dated with it when created
+	topics map[string]*topicSeries // publish_duration_seconds children by topic name
+	epoch  atomic.Uint64           // scrapes begun; a series is dated with it when created
+
+	more        *breakdowns // the hook-fed counters by reason and error code, and publish durations
+	timePublish bool        // WithPublishDuration
 }
 
 var (
@@ -71,6 +75,10 @@ type series struct {
 	e2e     [2]prometheus.Observer // by state: delivered, dead_lettered
 	epoch   uint64                 // Collector.epoch when created
 	deleted atomic.Bool            // a scrape deleted them (subscriberHooks look again)
+	tl, sl  string                 // label values of topic and subscriber
+
+	mu       sync.Mutex                       // guards counters
+	counters map[[2]string]prometheus.Counter // breakdown children by {reason, error code}; reason "" for retries
 }
 
 // Indexes into series.handler and series.e2e, in the order of their label
@@ -121,7 +129,10 @@ func New(opts ...Option) (*Collector, error) {
 		e2e: histogram("end_to_end_duration_seconds",
 			"Time from Publish accepting a message to its final outcome at a subscriber (state: delivered, dead_lettered).",
 			cfg.e2eBounds, labelState),
-		series: make(map[seriesKey]*series),
+		series:      make(map[seriesKey]*series),
+		topics:      make(map[string]*topicSeries),
+		more:        newBreakdowns(&cfg),
+		timePublish: cfg.publishDuration,
 	}, nil
 }
 
@@ -142,6 +153,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.stats.describe(ch)
 	c.handler.Describe(ch)
 	c.e2e.Describe(ch)
+	c.more.describe(ch)
 }
 
 // Collect takes one Stats snapshot of the watched broker, sends its
@@ -155,11 +167,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		// subscribed again after the broker forgot it) is left alone.
 		epoch := c.epoch.Add(1)
 		st := b.Stats()
-		c.stats.collect(ch, st, storeLen(b.DeadLetters()))
+		c.stats.collect(ch, st, storeLen(b.DeadLetters()), storeCapacity(b.DeadLetters()))
 		c.prune(st, epoch)
+		c.pruneTopics(st, epoch)
 	}
 	c.handler.Collect(ch)
 	c.e2e.Collect(ch)
+	c.more.collect(ch)
 }
 
 // storeLen is s.Len, or -1 when it fails, panics, calls runtime.Goexit or
@@ -181,6 +195,21 @@ func storeLen(s broker.DeadLetterStore) int {
 	}()
 	<-done
 	return n
+}
+
+// storeCapacity is the store's Capacity() (as MemoryDeadLetterStore
+// reports it), or -1 when it has none, reports a negative one or panics.
+func storeCapacity(s broker.DeadLetterStore) (n int) {
+	c, ok := s.(interface{ Capacity() int })
+	if !ok {
+		return -1
+	}
+	defer func() {
+		if recover() != nil {
+			n = -1
+		}
+	}()
+	return max(c.Capacity(), -1)
 }
 
 // prune deletes the series dated before epoch whose subscriber st does not
@@ -213,6 +242,7 @@ func (c *Collector) prune(st broker.Stats, epoch uint64) {
 		for _, state := range e2eStates {
 			c.e2e.DeleteLabelValues(tl, sl, state)
 		}
+		c.more.deleteSubscriber(tl, sl)
 		delete(c.series, k)
 	}
 }
@@ -234,6 +264,9 @@ func (c *Collector) Attempted(e broker.AttemptEvent) {
 		s, exclusive := c.acquire(seriesKey{e.Topic, e.Subscriber})
 		s.attempted(i, &e)
 		c.release(exclusive)
+		if i == outRetry {
+			c.count(s, "", e.ErrorCode)
+		}
 	}
 }
 
@@ -244,6 +277,7 @@ func (c *Collector) DeadLettered(e broker.DeadLetterEvent) {
 	s, exclusive := c.acquire(seriesKey{e.DeadLetter.Message.Topic, e.DeadLetter.Subscriber})
 	s.deadLettered(&e.DeadLetter)
 	c.release(exclusive)
+	c.count(s, e.DeadLetter.Reason, e.DeadLetter.ErrorCode)
 }
 
 // ForSubscriber returns the Observer of one subscriber's Attempted and
@@ -279,12 +313,18 @@ func (h *subscriberHooks) series() *series {
 
 func (h *subscriberHooks) Attempted(e broker.AttemptEvent) {
 	if i, ok := attemptIndex(e.Outcome); ok {
-		h.series().attempted(i, &e)
+		s := h.series()
+		s.attempted(i, &e)
+		if i == outRetry {
+			h.c.count(s, "", e.ErrorCode)
+		}
 	}
 }
 
 func (h *subscriberHooks) DeadLettered(e broker.DeadLetterEvent) {
-	h.series().deadLettered(&e.DeadLetter)
+	s := h.series()
+	s.deadLettered(&e.DeadLetter)
+	h.c.count(s, e.DeadLetter.Reason, e.DeadLetter.ErrorCode)
 }
 
 // attemptIndex is the index in series.handler of an attempt with outcome o;
@@ -350,7 +390,7 @@ func (c *Collector) release(exclusive bool) {
 // newSeries creates k's histogram children; c.mu is held for writing.
 func (c *Collector) newSeries(k seriesKey) *series {
 	tl, sl := labelValue(k.topic), labelValue(k.subscriber)
-	s := &series{epoch: c.epoch.Load()}
+	s := &series{epoch: c.epoch.Load(), tl: tl, sl: sl, counters: make(map[[2]string]prometheus.Counter)}
 	for i, o := range handlerOutcomes {
 		s.handler[i] = c.handler.WithLabelValues(tl, sl, o)
 	}

@@ -28,6 +28,8 @@ var update = flag.Bool("update", false, "rewrite testdata/known_state.prom from 
 var smallBuckets = []brokerprom.Option{
 	brokerprom.WithHandlerBuckets([]float64{0.005, 0.05}),
 	brokerprom.WithEndToEndBuckets([]float64{0.025, 1}),
+	brokerprom.WithPublishBuckets([]float64{0.001, 1}),
+	brokerprom.WithPublishDuration(),
 }
 
 // TestCollectKnownState compares the whole exposition of a broker in a

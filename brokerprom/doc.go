@@ -26,6 +26,17 @@
 // dead_lettered + subscriber_queue_size + subscriber_inflight, as the
 // broker promises; counters kept by hooks would drift from that.
 //
+// # Why it failed comes from the Observer hooks
+//
+// Stats counts dead letters, retries and refused publishes without saying
+// why, so dead_lettered_by_reason_total (reason, error_code),
+// delivery_retries_by_code_total (error_code) and rejected_by_reason_total
+// (reason) count the events; each sums to its Stats counter at a quiet
+// moment. error_code holds the broker's codes and the first
+// MaxCustomErrorCodes of the application's own (then "_OTHER"): the codes
+// an application defines are its cardinality. With WithPublishDuration,
+// publish_duration_seconds observes how long each Publish took.
+//
 // # Histograms come from the Observer hooks
 //
 // handler_duration_seconds (topic, subscriber, outcome) observes each

@@ -179,7 +179,7 @@ func TestHooksDoNotAllocate(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	c, err := brokerprom.New()
+	c, err := brokerprom.New(brokerprom.WithPublishDuration())
 	require.NoError(t, err)
 	now := time.Now()
 	for _, tc := range []struct {
@@ -192,8 +192,11 @@ func TestHooksDoNotAllocate(t *testing.T) {
 		{"Attempted retry", func() {
 			c.Attempted(broker.AttemptEvent{Topic: "t", Subscriber: "s", Attempt: 1, Duration: time.Millisecond, ErrorCode: "error", Outcome: broker.OutcomeRetry, PublishedAt: now})
 		}},
+		{"Published", func() {
+			c.Published(broker.PublishEvent{Topic: "t", MessageID: "m", PublishedAt: now, Duration: time.Microsecond})
+		}},
 		{"DeadLettered", func() {
-			c.DeadLettered(broker.DeadLetterEvent{DeadLetter: broker.DeadLetter{Subscriber: "s", Message: broker.Message{Topic: "t", PublishedAt: now}, FailedAt: now.Add(time.Second)}})
+			c.DeadLettered(broker.DeadLetterEvent{DeadLetter: broker.DeadLetter{Subscriber: "s", Message: broker.Message{Topic: "t", PublishedAt: now}, FailedAt: now.Add(time.Second), Reason: broker.ReasonExhausted, ErrorCode: "error"}})
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -21,7 +21,7 @@ const (
 
 // ownLabels are the label names the collector sets itself; const labels
 // may not reuse them.
-var ownLabels = []string{labelTopic, labelSubscriber, labelOutcome, labelState}
+var ownLabels = []string{labelTopic, labelSubscriber, labelOutcome, labelState, labelReason, labelErrorCode}
 
 // breakerStates are the states subscriber_breaker_state reports, one series
 // each (1 for the current one, 0 for the others).
@@ -42,9 +42,10 @@ type statsDescs struct {
 	breakerState, retryBudgetLeft                          *prometheus.Desc
 
 	// broker-wide
-	dlqSize, dlqEvictions, pluginPanics, forgottenTopics *prometheus.Desc
-	dedupEntries, dedupCapacity, dedupForgottenEarly     *prometheus.Desc
-	dedupWindow, dedupEffectiveWindow                    *prometheus.Desc
+	dlqSize, dlqCapacity, dlqEvictions               *prometheus.Desc
+	pluginPanics, forgottenTopics                    *prometheus.Desc
+	dedupEntries, dedupCapacity, dedupForgottenEarly *prometheus.Desc
+	dedupWindow, dedupEffectiveWindow                *prometheus.Desc
 }
 
 func newStatsDescs(ns string, cl prometheus.Labels) statsDescs {
@@ -82,6 +83,7 @@ func newStatsDescs(ns string, cl prometheus.Labels) statsDescs {
 		retryBudgetLeft:       d("subscriber_retry_budget_left", "Retries the subscriber's retry budget allows now (only subscribers with a budget).", sub),
 
 		dlqSize:              d("dead_letter_store_size", "Dead letters in the store now.", nil),
+		dlqCapacity:          d("dead_letter_store_capacity", "Most dead letters the store holds before it evicts the oldest (only stores that report it).", nil),
 		dlqEvictions:         d("dead_letter_evictions_total", "Dead letters the store evicted to make room.", nil),
 		pluginPanics:         d("plugin_panics_total", "Panics of plugged-in code (stores, observer hooks, backoffs) the broker recovered.", nil),
 		forgottenTopics:      d("forgotten_topics_total", "Retired topics whose counters were dropped to keep the broker's bound on them.", nil),
@@ -100,7 +102,7 @@ func (d *statsDescs) describe(ch chan<- *prometheus.Desc) {
 		d.attempts, d.retries, d.deadLettered, d.deadLetterStoreErrors,
 		d.subQueueSize, d.held, d.parked, d.inflight, d.subQueueCapacity,
 		d.subAge, d.blockedSeconds, d.blocking, d.breakerState, d.retryBudgetLeft,
-		d.dlqSize, d.dlqEvictions, d.pluginPanics, d.forgottenTopics,
+		d.dlqSize, d.dlqCapacity, d.dlqEvictions, d.pluginPanics, d.forgottenTopics,
 		d.dedupEntries, d.dedupCapacity, d.dedupForgottenEarly, d.dedupWindow, d.dedupEffectiveWindow,
 	} {
 		ch <- x
@@ -108,8 +110,9 @@ func (d *statsDescs) describe(ch chan<- *prometheus.Desc) {
 }
 
 // collect sends the metrics of st; dlqSize < 0 means the store's Len
-// failed, and its gauge is left out of this scrape.
-func (d *statsDescs) collect(ch chan<- prometheus.Metric, st broker.Stats, dlqSize int) {
+// failed, and its gauge is left out of this scrape; dlqCap < 0, that the
+// store reports no capacity.
+func (d *statsDescs) collect(ch chan<- prometheus.Metric, st broker.Stats, dlqSize, dlqCap int) {
 	const (
 		counter = prometheus.CounterValue
 		gauge   = prometheus.GaugeValue
@@ -153,6 +156,9 @@ func (d *statsDescs) collect(ch chan<- prometheus.Metric, st broker.Stats, dlqSi
 	}
 	if dlqSize >= 0 {
 		emit(ch, d.dlqSize, gauge, float64(dlqSize))
+	}
+	if dlqCap >= 0 {
+		emit(ch, d.dlqCapacity, gauge, float64(dlqCap))
 	}
 	emit(ch, d.dlqEvictions, counter, float64(st.DeadLetterEvicted))
 	emit(ch, d.pluginPanics, counter, float64(st.PluginPanics))

@@ -23,7 +23,7 @@ import (
 // The subtests check: Put then Get (and List) return every field intact
 // (RoundTrip), Get of an unknown ID, Put without an ID is an error, Put of an
 // existing ID replaces it, List is oldest first, filters by Topic,
-// Subscriber and ErrorCode (exact matches, names with dots and spaces
+// Subscriber, ErrorCode and Reason (exact matches, names with dots and spaces
 // included), honours Limit and rejects a negative one, Delete removes and
 // ignores unknown IDs, Len counts, concurrent Put, Get, List and Len are safe
 // and lose nothing, and a done context is an error (unless IgnoresContext).
@@ -55,6 +55,7 @@ func deadLetterSuite(t tb, newStore func(tb) broker.DeadLetterStore, o options) 
 	t.run("ListFilter", s.listFilter)
 	t.run("ListLimit", s.listLimit)
 	t.run("ListNegativeLimit", s.listNegativeLimit)
+	t.run("ListNewest", s.listNewest)
 	t.run("Delete", s.delete)
 	t.run("Len", s.len)
 	t.run("Concurrent", s.concurrent)
@@ -231,21 +232,23 @@ func (s dlSuite) listOldestFirst(t tb) {
 // filterFixture is put in this order; names share prefixes and contain
 // dots and spaces, so that a store matching by prefix or splitting names
 // at dots is caught.
-var filterFixture = []struct{ id, topic, subscriber, code string }{
-	{"f0", "orders", "billing", "timeout"},
-	{"f1", "orders.eu", "billing", "timeout"},
-	{"f2", "orders", "bill", "permanent"},
-	{"f3", "pay ments", "billing", "error"},
-	{"f4", "orders", "billing", "permanent"},
-	{"f5", "orders.eu", "ship.ping", "timeout"},
-	{"f6", "orders", "ship.ping", "error"},
+var filterFixture = []struct{ id, topic, subscriber, code, reason string }{
+	{"f0", "orders", "billing", "timeout", broker.ReasonExhausted},
+	{"f1", "orders.eu", "billing", "timeout", broker.ReasonOverflow},
+	{"f2", "orders", "bill", "permanent", broker.ReasonPermanent},
+	{"f3", "pay ments", "billing", "error", broker.ReasonOverflow},
+	{"f4", "orders", "billing", "permanent", broker.ReasonPermanent},
+	{"f5", "orders.eu", "ship.ping", "timeout", broker.ReasonExhausted},
+	{"f6", "orders", "ship.ping", "error", broker.ReasonOverflow},
 }
 
 func (s dlSuite) putFilterFixture(t tb) broker.DeadLetterStore {
 	t.Helper()
 	st := s.store(t)
 	for _, f := range filterFixture {
-		mustPut(t, st, deadLetter(f.id, f.topic, f.subscriber, f.code))
+		dl := deadLetter(f.id, f.topic, f.subscriber, f.code)
+		dl.Reason = f.reason
+		mustPut(t, st, dl)
 	}
 	return st
 }
@@ -268,6 +271,9 @@ func (s dlSuite) listFilter(t tb) {
 		{"topic and subscriber", broker.DeadLetterFilter{Topic: "orders", Subscriber: "billing"}, []string{"f0", "f4"}},
 		{"topic and error code", broker.DeadLetterFilter{Topic: "orders.eu", ErrorCode: "timeout"}, []string{"f1", "f5"}},
 		{"all three", broker.DeadLetterFilter{Topic: "orders", Subscriber: "billing", ErrorCode: "permanent"}, []string{"f4"}},
+		{"reason", broker.DeadLetterFilter{Reason: broker.ReasonOverflow}, []string{"f1", "f3", "f6"}},
+		{"reason prefix", broker.DeadLetterFilter{Reason: "over"}, nil},
+		{"reason and subscriber", broker.DeadLetterFilter{Subscriber: "billing", Reason: broker.ReasonOverflow}, []string{"f1", "f3"}},
 		{"no such topic", broker.DeadLetterFilter{Topic: "order"}, nil},
 		{"no such combination", broker.DeadLetterFilter{Topic: "pay ments", ErrorCode: "timeout"}, nil},
 	} {
@@ -278,8 +284,8 @@ func (s dlSuite) listFilter(t tb) {
 			}
 			for _, dl := range got {
 				if !c.f.Match(dl) {
-					t.Errorf("List(%+v) returned %q (topic %q, subscriber %q, code %q), which does not match",
-						c.f, dl.ID, dl.Message.Topic, dl.Subscriber, dl.ErrorCode)
+					t.Errorf("List(%+v) returned %q (topic %q, subscriber %q, code %q, reason %q), which does not match",
+						c.f, dl.ID, dl.Message.Topic, dl.Subscriber, dl.ErrorCode, dl.Reason)
 				}
 			}
 		})
@@ -298,6 +304,7 @@ func (s dlSuite) listLimit(t tb) {
 		{"limit above count", broker.DeadLetterFilter{Limit: 100}, []string{"f0", "f1", "f2", "f3", "f4", "f5", "f6"}},
 		{"limit with filter", broker.DeadLetterFilter{Topic: "orders", Limit: 2}, []string{"f0", "f2"}},
 		{"limit above matches", broker.DeadLetterFilter{Subscriber: "bill", Limit: 5}, []string{"f2"}},
+		{"limit with reason", broker.DeadLetterFilter{Reason: broker.ReasonOverflow, Limit: 2}, []string{"f1", "f3"}},
 	} {
 		t.run(c.name, func(t tb) {
 			if got := ids(mustList(t, st, c.f)); !slices.Equal(got, c.want) {

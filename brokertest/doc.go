@@ -51,7 +51,10 @@
 //
 // A store method called with a context that is already done must return an
 // error matching the context's error (errors.Is). A store that documents that
-// it ignores contexts passes IgnoresContext.
+// it ignores contexts passes IgnoresContext. The broker relies on it: a
+// dead-letter Put waiting for its backend when Close's or Unsubscribe's
+// context ends gets a context that ends soon after (see
+// broker.DeadLetterStore), and must return then, or the stop waits for it.
 //
 // # The broker suite
 //

@@ -32,6 +32,8 @@ type dlFaults struct {
 	prefixTopic         bool // List matches Filter.Topic as a prefix
 	ignoreSubscriber    bool // List ignores Filter.Subscriber
 	ignoreCode          bool // List ignores Filter.ErrorCode
+	ignoreReason        bool // List ignores Filter.Reason
+	prefixReason        bool // List matches Filter.Reason as a prefix
 	ignoreLimit         bool // List ignores Filter.Limit
 	limitBeforeFilter   bool // List takes Limit dead letters, then filters them
 	acceptNegativeLimit bool // List takes a negative Limit as no limit
@@ -39,6 +41,11 @@ type dlFaults struct {
 	lenCountsDeleted    bool // Len counts every Put, deleted or not
 	ignoreContext       bool // methods ignore their context
 	lossyConcurrentPut  bool // Put reads and writes the slice in two steps: concurrent Puts lose updates
+	newestOldestFirst   bool // ListNewest is oldest first
+	newestIgnoresID     bool // ListNewest ignores Query.MessageID
+	newestIgnoresTime   bool // ListNewest ignores Query.Since and Until
+	newestLimitFirst    bool // ListNewest takes the newest Limit, then filters them
+	newestNoValidate    bool // ListNewest takes a malformed query as no bound
 }
 
 // sliceStore is a DeadLetterStore over a slice, with optional faults.
@@ -115,7 +122,9 @@ func (s *sliceStore) List(ctx context.Context, f broker.DeadLetterFilter) ([]bro
 			s.f.prefixTopic && strings.HasPrefix(dl.Message.Topic, f.Topic)
 		subOK := f.Subscriber == "" || s.f.ignoreSubscriber || dl.Subscriber == f.Subscriber
 		codeOK := f.ErrorCode == "" || s.f.ignoreCode || dl.ErrorCode == f.ErrorCode
-		if !topicOK || !subOK || !codeOK {
+		reasonOK := f.Reason == "" || s.f.ignoreReason || dl.Reason == f.Reason ||
+			s.f.prefixReason && strings.HasPrefix(dl.Reason, f.Reason)
+		if !topicOK || !subOK || !codeOK || !reasonOK {
 			continue
 		}
 		out = append(out, dl)
@@ -289,4 +298,43 @@ func (s *ttlStore) Record(ctx context.Context, k broker.DeliveryKey) error {
 	m[s.key(k)] = time.Now().Add(ttl)
 	s.m.Store(&m)
 	return nil
+}
+
+var _ broker.DeadLetterLister = (*sliceStore)(nil)
+
+// ListNewest filters a copy of the slice from its end, with the newest*
+// faults.
+func (s *sliceStore) ListNewest(ctx context.Context, q broker.DeadLetterQuery) ([]broker.DeadLetter, error) {
+	if err := s.ctxErr(ctx); err != nil {
+		return nil, err
+	}
+	if err := q.Validate(); err != nil && !s.f.newestNoValidate {
+		return nil, err
+	}
+	s.mu.Lock()
+	all := slices.Clone(s.dls)
+	s.mu.Unlock()
+	if !s.f.newestOldestFirst {
+		slices.Reverse(all)
+	}
+	if s.f.newestLimitFirst && q.Limit > 0 && len(all) > q.Limit {
+		all = all[:q.Limit]
+	}
+	if s.f.newestIgnoresID {
+		q.MessageID = ""
+	}
+	if s.f.newestIgnoresTime {
+		q.Since, q.Until = time.Time{}, time.Time{}
+	}
+	var out []broker.DeadLetter
+	for _, dl := range all {
+		if !q.Match(dl) {
+			continue
+		}
+		out = append(out, dl)
+		if q.Limit > 0 && len(out) == q.Limit {
+			break
+		}
+	}
+	return out, nil
 }

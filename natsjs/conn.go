@@ -16,6 +16,16 @@ import (
 // connections.
 const DefaultReadyTimeout = 10 * time.Second
 
+// DefaultReconnectWait is how long Connect's connection waits between two
+// attempts to reach a server it lost (plus nats.go's jitter, up to
+// nats.DefaultReconnectJitter): a quarter of nats.go's default of 2 s. The
+// first attempt follows the loss at once; after a planned restart, which
+// that attempt usually finds still down, the subscribers resume within
+// this wait, the jitter and about a second of the server accepting
+// connections again. Set nats.ReconnectWait in Connect's options to wait
+// longer (many clients of one server) or less.
+const DefaultReconnectWait = 500 * time.Millisecond
+
 // Conn is a client connection to NATS with JetStream: to a server embedded in
 // the process (Embedded) or to a NATS URL or cluster (Connect). It is safe
 // for concurrent use; Close it once done.
@@ -189,15 +199,19 @@ func stopServer(srv *server.Server) {
 }
 
 // Connect connects to a NATS server or cluster at url (one URL, or several
-// separated by commas) that has JetStream enabled. It reconnects forever
-// unless opts say otherwise (they apply after Connect's own). This is the
+// separated by commas) that has JetStream enabled. It reconnects forever,
+// DefaultReconnectWait between attempts, unless opts say otherwise (they
+// apply after Connect's own). While the connection is down the
+// subscribers wait for it, and pull again from the server it comes back
+// to; a consumer is created again only when that server says it does not
+// exist. This is the
 // scale-out path: replicas of a service that connect to the same cluster
 // share the stores.
 func Connect(url string, opts ...nats.Option) (*Conn, error) {
 	if url == "" {
 		return nil, fmt.Errorf("%w: Connect needs a URL", ErrInvalidOption)
 	}
-	nopts := append([]nats.Option{nats.Name("inproc-broker"), nats.MaxReconnects(-1)}, opts...)
+	nopts := append([]nats.Option{nats.Name("inproc-broker"), nats.MaxReconnects(-1), nats.ReconnectWait(DefaultReconnectWait)}, opts...)
 	nc, err := nats.Connect(url, nopts...)
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: connect to %s: %w", url, err)

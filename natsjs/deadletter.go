@@ -93,6 +93,9 @@ func (s *DeadLetterStore) filterSubject(f broker.DeadLetterFilter) string {
 
 // Put stores dl, replacing a dead letter with the same ID.
 func (s *DeadLetterStore) Put(ctx context.Context, dl broker.DeadLetter) error {
+	if ctx == nil { // as the broker: nil is Background
+		ctx = context.Background()
+	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("natsjs: put dead letter %q: %w", dl.ID, err)
 	}
@@ -154,6 +157,9 @@ func wrongLastSequence(err error) bool {
 
 // Get returns the dead letter with the given ID.
 func (s *DeadLetterStore) Get(ctx context.Context, id string) (broker.DeadLetter, bool, error) {
+	if ctx == nil { // as the broker: nil is Background
+		ctx = context.Background()
+	}
 	if err := ctx.Err(); err != nil {
 		return broker.DeadLetter{}, false, fmt.Errorf("natsjs: get dead letter %q: %w", id, err)
 	}
@@ -179,8 +185,12 @@ const listBatch = 256
 
 // List returns the dead letters matching f, oldest first. The server
 // filters by topic, subscriber and error code; List reads the matches
-// through a temporary consumer (in memory, deleted when List returns).
+// through a temporary consumer (in memory, deleted when List returns) and
+// filters them by reason itself (the reason is not in the subject).
 func (s *DeadLetterStore) List(ctx context.Context, f broker.DeadLetterFilter) ([]broker.DeadLetter, error) {
+	if ctx == nil { // as the broker: nil is Background
+		ctx = context.Background()
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("natsjs: list dead letters: %w", err)
 	}
@@ -225,7 +235,7 @@ func (s *DeadLetterStore) List(ctx context.Context, f broker.DeadLetterFilter) (
 			if err != nil {
 				return nil, err
 			}
-			if !f.Match(dl) { // only a SHA-256 collision of two long names
+			if !f.Match(dl) { // another reason, or a SHA-256 collision of two long names
 				continue
 			}
 			// An ID listed twice was put again while this List ran, or its
@@ -260,6 +270,9 @@ func (s *DeadLetterStore) List(ctx context.Context, f broker.DeadLetterFilter) (
 // Delete removes the dead letters with the given IDs (every version of
 // each); unknown IDs are ignored.
 func (s *DeadLetterStore) Delete(ctx context.Context, ids ...string) error {
+	if ctx == nil { // as the broker: nil is Background
+		ctx = context.Background()
+	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("natsjs: delete dead letters: %w", err)
 	}
@@ -273,6 +286,9 @@ func (s *DeadLetterStore) Delete(ctx context.Context, ids ...string) error {
 
 // Len returns how many dead letters the stream holds.
 func (s *DeadLetterStore) Len(ctx context.Context) (int, error) {
+	if ctx == nil { // as the broker: nil is Background
+		ctx = context.Background()
+	}
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("natsjs: count dead letters: %w", err)
 	}
@@ -343,4 +359,132 @@ func decode(data []byte, seq uint64) (broker.DeadLetter, error) {
 		Subscriber: r.Subscriber, Attempts: r.Attempts, ErrorCode: r.ErrorCode, Error: r.Error,
 		Retryable: r.Retryable, Reason: r.Reason, FailedAt: r.FailedAt,
 	}, nil
+}
+
+var _ broker.DeadLetterLister = (*DeadLetterStore)(nil)
+
+// newestSkew is how much later than the server's clock a dead letter's
+// FailedAt may be: ListNewest stops reading older messages once they were
+// stored this long before q.Since.
+const newestSkew = time.Minute
+
+// ListNewest returns the dead letters matching q, newest first
+// (broker.DeadLetterLister). It reads the stream backwards in windows of
+// stream sequences, the first of listBatch and each next twice as wide,
+// through temporary consumers the server filters by topic, subscriber
+// and error code, and stops at q.Limit matches, at the stream's first
+// message, or once the messages left were stored (by the server's clock)
+// more than a minute before q.Since. So the newest page of a large
+// stream costs about what it returns.
+func (s *DeadLetterStore) ListNewest(ctx context.Context, q broker.DeadLetterQuery) ([]broker.DeadLetter, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("natsjs: list newest dead letters: %w", err)
+	}
+	if err := q.Validate(); err != nil {
+		return nil, fmt.Errorf("natsjs: list newest dead letters: %w", err)
+	}
+	info, err := s.stream.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("natsjs: list newest dead letters: %w", err)
+	}
+	st := info.State
+	if st.Msgs == 0 {
+		return nil, nil
+	}
+	var out []broker.DeadLetter
+	seen := map[string]bool{} // IDs listed or skipped: the newest version counts
+	window := uint64(listBatch)
+	for end := st.LastSeq; ; window = min(2*window, 1<<16) {
+		start := st.FirstSeq
+		if end-st.FirstSeq >= window {
+			start = end - window + 1
+		}
+		dls, stored, err := s.readRange(ctx, q.DeadLetterFilter, start, end)
+		if err != nil {
+			return nil, err
+		}
+		for i := len(dls) - 1; i >= 0; i-- {
+			dl := dls[i]
+			if seen[dl.ID] {
+				continue
+			}
+			seen[dl.ID] = true
+			if q.Match(dl) {
+				out = append(out, dl)
+				if q.Limit > 0 && len(out) == q.Limit {
+					return out, nil
+				}
+			}
+		}
+		if start == st.FirstSeq || !q.Since.IsZero() && !stored.IsZero() && stored.Before(q.Since.Add(-newestSkew)) {
+			return out, nil
+		}
+		end = start - 1
+	}
+}
+
+// readRange returns the dead letters matching f stored at stream
+// sequences start through end, oldest first, and when the first of them
+// was stored (zero if none).
+func (s *DeadLetterStore) readRange(ctx context.Context, f broker.DeadLetterFilter, start, end uint64) ([]broker.DeadLetter, time.Time, error) {
+	cons, err := s.stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		Description:       "inproc broker: DeadLetterStore.ListNewest",
+		FilterSubject:     s.filterSubject(f),
+		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:       start,
+		AckPolicy:         jetstream.AckNonePolicy,
+		MemoryStorage:     true,
+		Replicas:          1,
+		InactiveThreshold: time.Minute, // the server removes it if ListNewest dies before deleting it
+	})
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("natsjs: list newest dead letters: consumer: %w", err)
+	}
+	defer func() {
+		// Best effort: the InactiveThreshold removes it otherwise.
+		_ = s.stream.DeleteConsumer(context.WithoutCancel(ctx), cons.CachedInfo().Name)
+	}()
+	var out []broker.DeadLetter
+	var first time.Time
+	if cons.CachedInfo().NumPending == 0 {
+		return nil, first, nil
+	}
+	for {
+		batch, err := cons.FetchNoWait(listBatch)
+		if err != nil {
+			return nil, first, fmt.Errorf("natsjs: list newest dead letters: fetch: %w", err)
+		}
+		n, pending, past := 0, uint64(1), false
+		for msg := range batch.Messages() {
+			n++
+			meta, err := msg.Metadata()
+			if err != nil {
+				return nil, first, fmt.Errorf("natsjs: list newest dead letters: %w", err)
+			}
+			pending = meta.NumPending
+			if meta.Sequence.Stream > end {
+				past = true
+				continue // read by an earlier window (the batch is drained)
+			}
+			if first.IsZero() {
+				first = meta.Timestamp
+			}
+			dl, err := decode(msg.Data(), meta.Sequence.Stream)
+			if err != nil {
+				return nil, first, err
+			}
+			if f.Match(dl) { // only a SHA-256 collision of two long names fails it
+				out = append(out, dl)
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return nil, first, fmt.Errorf("natsjs: list newest dead letters: fetch: %w", err)
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, first, fmt.Errorf("natsjs: list newest dead letters: %w", err)
+		}
+		if n == 0 || pending == 0 || past {
+			return out, first, nil
+		}
+	}
 }

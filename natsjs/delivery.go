@@ -129,8 +129,8 @@ func nextQuoted(s string) (string, string, error) {
 
 // decodeMessage rebuilds the broker's message from m. A message published
 // on a topic's subject by another NATS client (no broker headers) is
-// still delivered: its ID is its Nats-Msg-Id, or "<stream>.<sequence>",
-// and its PublishedAt when the stream stored it. Undecodable broker
+// still delivered: its ID is its Nats-Msg-Id, or "<stream>.<sequence>.<stored
+// at, Unix ns>", and its PublishedAt when the stream stored it. Undecodable broker
 // headers are reported in err, the rest of the message filled in.
 func decodeMessage(topic string, m *nats.Msg, meta *nats.MsgMetadata) (msg broker.Message, redriven bool, err error) {
 	h := m.Header
@@ -147,8 +147,8 @@ func decodeMessage(topic string, m *nats.Msg, meta *nats.MsgMetadata) (msg broke
 	if msg.ID == "" {
 		msg.ID = field(jetstream.MsgIDHeader)
 	}
-	if msg.ID == "" {
-		msg.ID = meta.Stream + "." + strconv.FormatUint(meta.Sequence.Stream, 10)
+	if msg.ID == "" { // with the stored time: sequences start again with a new stream
+		msg.ID = meta.Stream + "." + strconv.FormatUint(meta.Sequence.Stream, 10) + "." + strconv.FormatInt(meta.Timestamp.UnixNano(), 10)
 	}
 	msg.Key = field(hdrKey)
 	msg.PublishedAt = meta.Timestamp
@@ -179,8 +179,16 @@ type delivery struct {
 	msg      broker.Message
 	redriven bool
 	dlID     string
+	legacyID string // "": no legacy dead letter to look for (see legacyDeadLetterID)
 	every    time.Duration
 	check    bool // look its dead letter up before running it (see partitionLoop.handle)
+
+	// For one end state when two deliveries of the message overlap (see
+	// Ack and Terminate).
+	l           *partitionLoop
+	redelivered bool      // NumDelivered > 1
+	arrived     time.Time // when the loop got it
+	reconnects  uint64    // the connection's reconnections then
 }
 
 var (
@@ -194,8 +202,27 @@ func (d *delivery) Message() broker.Message { return d.msg }
 // Redriven reports a copy published by Redrive.
 func (d *delivery) Redriven() bool { return d.redriven }
 
-// Ack acknowledges the message: it is done at this subscriber.
-func (d *delivery) Ack() error { return d.nc.Publish(d.reply, []byte("+ACK")) }
+// Ack acknowledges the message: it is done at this subscriber. A delivery
+// that may have overlapped another one of the message (the connection was
+// lost or reconnected since it arrived, or it was held for longer than the
+// AckWait: either way the server may have delivered it again, to another
+// process) then looks the message's dead letter up and deletes it: the
+// message was delivered, here.
+func (d *delivery) Ack() error {
+	err := d.nc.Publish(d.reply, []byte("+ACK"))
+	if d.l != nil && d.mayOverlap() {
+		d.l.dropDeadLetter(d, "natsjs: a message delivered here was dead-lettered by another delivery of it meanwhile (the server delivered it again during a reconnection or a long hold); its dead letter is deleted")
+	}
+	return err
+}
+
+// mayOverlap reports whether the server may have delivered d's message
+// again while d was held here: its keep-alives could not reach the server
+// (a disconnection or reconnection since d arrived) or it was held for an
+// AckWait or more.
+func (d *delivery) mayOverlap() bool {
+	return !d.nc.IsConnected() || d.nc.Stats().Reconnects != d.reconnects || time.Since(d.arrived) >= 3*d.every
+}
 
 // minNakDelay is the shortest delay Retry asks for. The server records
 // the time of a Nak that has a delay in the consumer's stored state, but
@@ -210,8 +237,21 @@ func (d *delivery) Retry(delay time.Duration) error {
 }
 
 // Terminate tells the server never to deliver the message again, with the
-// reason (it appears in the server's terminated-message advisory).
+// reason (it appears in the server's terminated-message advisory). The
+// broker calls it after storing the dead letter. For a message delivered
+// before (not redriven), the idempotency store is asked first
+// (WithDedupCheck) whether another delivery of it succeeded meanwhile: if
+// so the dead letter just stored is deleted, and the message ends
+// delivered.
 func (d *delivery) Terminate(reason string) error {
+	if d.l != nil && d.redelivered && !d.redriven && d.l.deliveredElsewhere(d) {
+		d.l.dropDeadLetter(d, "natsjs: a message dead-lettered here was delivered by another delivery of it meanwhile (the server delivered it again during a reconnection); its dead letter is deleted")
+	}
+	return d.term(reason)
+}
+
+// term sends the termination.
+func (d *delivery) term(reason string) error {
 	return d.nc.Publish(d.reply, []byte("+TERM "+reason))
 }
 
@@ -222,7 +262,25 @@ func (d *delivery) KeepAliveEvery() time.Duration { return d.every }
 // its AckWait.
 func (d *delivery) KeepAlive() error { return d.nc.Publish(d.reply, []byte("+WPI")) }
 
-// DeadLetterID is "<stream>.<stream sequence>.<subscriber>": the same for
+// DeadLetterID is "<stream>.<stream sequence>.<stored at>.<subscriber>",
+// the time the stream stored the message in Unix nanoseconds: the same for
 // every delivery of one stored message to one subscriber, so that a dead
-// letter written again after a crash replaces the first.
+// letter written again after a crash replaces the first, and different for
+// a message stored at the same sequence later (a memory stream after a
+// server restart, a stream deleted and created again start at 1 again).
 func (d *delivery) DeadLetterID() string { return d.dlID }
+
+// deadLetterID is the dead-letter ID of the message stored at seq in
+// stream at stored (unix ns), for subscriber sub.
+func deadLetterID(stream string, seq uint64, stored time.Time, sub string) string {
+	return stream + "." + strconv.FormatUint(seq, 10) + "." + strconv.FormatInt(stored.UnixNano(), 10) + "." + sub
+}
+
+// legacyDeadLetterID is the ID versions before the stored time was part of
+// it gave the same dead letter: "<stream>.<sequence>.<subscriber>". It names
+// every message stored at seq in any life of the stream, so a dead letter
+// found under it is only trusted when it is this message's (see
+// partitionLoop.deadLettered).
+func legacyDeadLetterID(stream string, seq uint64, sub string) string {
+	return stream + "." + strconv.FormatUint(seq, 10) + "." + sub
+}

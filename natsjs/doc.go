@@ -35,6 +35,18 @@
 // URL or cluster instead. Conn.Close drains the connection and stops the
 // embedded server.
 //
+// # Recovery
+//
+// A crash leaves the messages the process held with the server, which
+// delivers them again after the AckWait (DefaultAckWait, 30 s; see Config
+// for faster settings). A Publish that returns an error during an outage
+// may still have stored the message; publishing it again with the same ID
+// is safe (see Transport.Publish). While the connection is down the
+// subscribers wait for it; after a planned server restart they resume
+// within Connect's reconnect wait (DefaultReconnectWait), its jitter and
+// about a second. Streams with memory storage lose their messages in a
+// server restart (see WithStreamStorage).
+//
 // # Stores
 //
 // DeadLetterStore is a broker.DeadLetterStore over a stream (one message

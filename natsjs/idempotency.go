@@ -68,6 +68,9 @@ func key(k broker.DeliveryKey) string {
 
 // Seen reports whether k was recorded less than the window ago.
 func (s *IdempotencyStore) Seen(ctx context.Context, k broker.DeliveryKey) (bool, error) {
+	if ctx == nil { // as the broker: nil is Background
+		ctx = context.Background()
+	}
 	if err := ctx.Err(); err != nil {
 		return false, fmt.Errorf("natsjs: dedup lookup: %w", err)
 	}
@@ -84,6 +87,9 @@ func (s *IdempotencyStore) Seen(ctx context.Context, k broker.DeliveryKey) (bool
 
 // Record remembers k for the window from now.
 func (s *IdempotencyStore) Record(ctx context.Context, k broker.DeliveryKey) error {
+	if ctx == nil { // as the broker: nil is Background
+		ctx = context.Background()
+	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("natsjs: dedup record: %w", err)
 	}

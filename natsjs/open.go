@@ -15,6 +15,15 @@ import (
 // zero value is the durable default: the transport with its defaults, dead
 // letters in a DeadLetterStore and dedup records in an IdempotencyStore, on
 // the same NATS.
+//
+// The transport's defaults favour few server resources over recovery
+// time: an AckWait of 30 s and one partition per topic. After a crash, a
+// message that was in flight comes back 20 to 30 s later and every keyed
+// message of its topic waits behind it. For fast recovery:
+//
+//	natsjs.Config{Transport: []natsjs.TransportOption{
+//		natsjs.WithAckWait(time.Second), natsjs.WithPartitions(4),
+//	}}
 type Config struct {
 	// Transport are NewTransport's options (partitions, queue size, ack
 	// wait, ...).
@@ -121,6 +130,9 @@ func newBroker(ctx context.Context, js jetstream.JetStream, own *Conn, cfg Confi
 		}
 	}
 	topts := []TransportOption{WithDeadLetterCheck(dlq)}
+	if dedup != nil {
+		topts = append(topts, WithDedupCheck(dedup))
+	}
 	if cfg.Logger != nil {
 		topts = append(topts, WithLogger(cfg.Logger))
 	}

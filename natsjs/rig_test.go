@@ -38,9 +38,11 @@ func testPolicy() broker.RetryPolicy {
 func newRig(t *testing.T, conn *natsjs.Conn, noDedup bool, topts []natsjs.TransportOption, bopts ...broker.Option) *rig {
 	t.Helper()
 	dlq, dedup := stores(t, conn)
-	tr, err := natsjs.NewTransport(conn.JetStream(), append([]natsjs.TransportOption{
-		natsjs.WithLogger(discardLogger), natsjs.WithDeadLetterCheck(dlq), natsjs.WithPullExpiry(testPullExpiry),
-	}, topts...)...)
+	base := []natsjs.TransportOption{natsjs.WithLogger(discardLogger), natsjs.WithDeadLetterCheck(dlq), natsjs.WithPullExpiry(testPullExpiry)}
+	if !noDedup {
+		base = append(base, natsjs.WithDedupCheck(dedup))
+	}
+	tr, err := natsjs.NewTransport(conn.JetStream(), append(base, topts...)...)
 	if err != nil {
 		t.Fatalf("NewTransport: %v", err)
 	}

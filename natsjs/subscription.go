@@ -290,14 +290,26 @@ func (l *partitionLoop) run() {
 		retrying = true
 		backoff = min(2*backoff, retryMax)
 	}
+	// offline: the server is going away (409 Server Shutdown) or the
+	// connection is down: no pull until the connection is back (CONNECTED),
+	// or retryMax at the latest.
+	offline := false
+	waitConnection := func() {
+		offline = true
+		retry.Reset(retryMax)
+		retrying = true
+	}
 	outstanding := false // the pull on reply subject cur waits at the server
 	left := 0            // messages the outstanding pull may still bring
 	var cur string
+	var curReconnects uint64 // the connection's reconnections when cur was sent
 	var pulls uint64
 	var req []byte
 	for {
 		if n := l.pullSize(); n > 0 && !outstanding && !retrying {
+			offline = false
 			pulls++
+			curReconnects = l.nc.Stats().Reconnects
 			cur = l.prefix + "." + strconv.FormatUint(pulls, 10)
 			left = n
 			exp := l.s.t.cfg.pullExpiry
@@ -333,13 +345,19 @@ func (l *partitionLoop) run() {
 		case <-retry.C:
 			retrying = false
 		case st := <-l.status:
-			if st == nats.CONNECTED { // a pull sent before is gone with the old connection, or expires
+			if st == nats.CONNECTED { // a pull sent before is gone with the old connection, or expires: pull now
 				outstanding = false
 				silence.Stop()
+				retry.Stop()
+				retrying, offline, backoff = false, false, retryFirst
 			}
 		case <-silence.C:
-			l.logAttrs(slog.LevelWarn, "natsjs: no heartbeat from the server for two intervals; pulling again", errors.New("pull silent"))
 			outstanding = false
+			if !l.nc.IsConnected() { // disconnected: the pull waits for the connection
+				waitConnection()
+				break
+			}
+			l.logAttrs(slog.LevelWarn, "natsjs: no heartbeat from the server for two intervals; pulling again", errors.New("pull silent"))
 		case m := <-l.inbox:
 			code, desc := m.Header.Get("Status"), m.Header.Get("Description")
 			switch {
@@ -366,15 +384,40 @@ func (l *partitionLoop) run() {
 			case code == "408", code == "404": // the pull expired, or found nothing
 				outstanding = false
 				silence.Stop()
-			case code == "409" && strings.Contains(desc, "Consumer Deleted"), code == "503":
-				// The consumer is gone (no one answers its pull subject):
-				// create it again, delivering from now on.
+			case code == "409" && strings.Contains(desc, "Server Shutdown"):
+				// A planned restart (or this server leaving its cluster):
+				// pull again once the connection is back, from the server
+				// it is back on; at once if it is back already.
 				outstanding = false
 				silence.Stop()
-				l.logAttrs(slog.LevelWarn, "natsjs: the consumer is gone; creating it again", errors.New(code+" "+desc))
-				if !l.recreate(&backoff) {
-					l.drain()
-					return
+				if l.nc.Stats().Reconnects == curReconnects {
+					waitConnection()
+				}
+			case code == "503" && offline:
+				// No one answers the pull subject of a server going away.
+				outstanding = false
+				silence.Stop()
+			case code == "409" && strings.Contains(desc, "Consumer Deleted"), code == "503":
+				// The consumer was deleted, or no one answers its pull
+				// subject (deleted, or the server is shutting down or not
+				// ready yet): create it again, delivering from now on, only
+				// when the server says it does not exist.
+				outstanding = false
+				silence.Stop()
+				switch gone, err := l.consumerGone(code, desc); {
+				case !gone && !l.nc.IsConnected():
+					waitConnection()
+				case !gone:
+					if err != nil {
+						l.logAttrs(slog.LevelInfo, "natsjs: pull not answered ("+code+" "+desc+"); pulling again", err)
+					}
+					later()
+				default:
+					l.logAttrs(slog.LevelWarn, "natsjs: the consumer is gone; creating it again", errors.New(code+" "+desc))
+					if !l.recreate(&backoff) {
+						l.drain()
+						return
+					}
 				}
 			default: // 409 leadership change, max waiting exceeded, ...: pull again, paced
 				outstanding = false
@@ -426,11 +469,38 @@ func (l *partitionLoop) pause(backoff *time.Duration) bool {
 	}
 }
 
+// consumerGone reports whether the server says the loop's consumer does
+// not exist, after a pull ended with code and desc: a deletion the server
+// announced ("409 Consumer Deleted") is taken at its word, else the
+// consumer is looked up (an error there: not known to be gone).
+func (l *partitionLoop) consumerGone(code, desc string) (bool, error) {
+	if code == "409" {
+		return true, nil
+	}
+	if !l.nc.IsConnected() {
+		return false, nats.ErrConnectionReconnecting
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), consumerLookupTimeout)
+	defer cancel()
+	_, err := l.s.t.js.Consumer(ctx, l.s.ts.stream, l.name)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		return true, nil
+	}
+	return false, err
+}
+
+// consumerLookupTimeout bounds consumerGone's lookup, which the server
+// answers in milliseconds: one sent just before the connection is lost is
+// never answered (nats.go does not send it again), and the loop must not
+// wait long for it.
+const consumerLookupTimeout = time.Second
+
 // recreate creates the consumer again, pacing the attempts, until it
-// succeeds (true) or Stop is called (false).
+// succeeds (true) or Stop is called (false). While the connection is down
+// it waits for it instead of sending requests that cannot be answered.
 func (l *partitionLoop) recreate(backoff *time.Duration) bool {
 	for {
-		if !l.pause(backoff) {
+		if !l.pause(backoff) || !l.connected() {
 			return false
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -441,6 +511,23 @@ func (l *partitionLoop) recreate(backoff *time.Duration) bool {
 		}
 		l.logAttrs(slog.LevelError, "natsjs: cannot create the consumer again; retrying", err)
 	}
+}
+
+// connected waits until the connection is up (true) or Stop is called
+// (false), keeping the queued keyless messages alive meanwhile.
+func (l *partitionLoop) connected() bool {
+	for !l.nc.IsConnected() {
+		select {
+		case <-l.s.stopping:
+			return false
+		case <-l.status: // CONNECTED
+		case l.free() <- struct{}{}:
+			l.start()
+		case <-l.alive:
+			l.keepQueuedAlive()
+		}
+	}
+	return true
 }
 
 // drain stops the inbox: the server learns it has no one to deliver to,
@@ -569,7 +656,8 @@ func (l *partitionLoop) handle(m *nats.Msg) {
 	}
 	d := &delivery{
 		nc: l.nc, reply: m.Reply, msg: msg, redriven: redriven, every: s.t.cfg.ackWait / 3,
-		dlID: meta.Stream + "." + strconv.FormatUint(meta.Sequence.Stream, 10) + "." + s.sub.Name,
+		dlID: deadLetterID(meta.Stream, meta.Sequence.Stream, meta.Timestamp, s.sub.Name),
+		l:    l, redelivered: meta.NumDelivered > 1, arrived: time.Now(), reconnects: l.nc.Stats().Reconnects,
 	}
 	// A message delivered before may have been dead-lettered by a process
 	// that died before the server heard of it. The server's delivery count
@@ -577,6 +665,11 @@ func (l *partitionLoop) handle(m *nats.Msg) {
 	// (saved about ten times a second): so a message stored before this
 	// transport started is looked up too.
 	d.check = s.t.cfg.deadLetters != nil && (meta.NumDelivered > 1 || meta.Timestamp.Before(s.t.started))
+	if d.check && meta.Timestamp.Before(s.t.started) {
+		// It may have been dead-lettered by an earlier version, under the
+		// ID it gave (see legacyDeadLetterID).
+		d.legacyID = legacyDeadLetterID(meta.Stream, meta.Sequence.Stream, s.sub.Name)
+	}
 	if l.batch > 1 {
 		l.queue = append(l.queue, d) // looked up when it starts: the loop must not wait on the store
 		return
@@ -629,32 +722,122 @@ func (l *partitionLoop) stoppingAtOnce() bool {
 
 // deadLettered reports whether d's dead letter is stored already (a
 // process died after storing it and before the server heard of the
-// outcome): d is then terminated without running.
+// outcome): d is then terminated without running. A dead letter under d's
+// legacy ID counts only when it is of d's message (same message ID and
+// publish time): that ID also names other messages stored at the sequence.
 func (l *partitionLoop) deadLettered(d *delivery) bool {
-	if ok, err := l.storedDeadLetter(d.dlID); err != nil || !ok {
+	found, err := l.storedDeadLetter(d.dlID)
+	if err == nil && found == nil && d.legacyID != "" {
+		found, err = l.storedDeadLetter(d.legacyID)
+		if found != nil && !sameMessage(&found.Message, &d.msg) {
+			found = nil // another message's, stored at this sequence in an earlier life of the stream
+		}
+	}
+	if err != nil || found == nil {
 		return false // the broker decides; at worst the dead letter is written again, replacing this one
 	}
-	if err := d.Terminate("dead-lettered before a restart"); err != nil {
+	if err := d.term("dead-lettered before a restart"); err != nil {
 		l.logAttrs(slog.LevelWarn, "natsjs: terminating a message already dead-lettered failed; it comes back", err)
 	}
 	return true
 }
 
+// storeCtx is the context of a call to a store on a delivery's path:
+// at most storeTimeout, and cancelled when the broker stops the
+// subscription at once (Stopping), so that a store unreachable during an
+// outage cannot hold a stop past its deadline.
+func (l *partitionLoop) storeCtx() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	go func() { // ends with ctx: at the call's end (cancel), its timeout or the stop
+		select {
+		case <-l.s.sub.Stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// storeTimeout bounds a store call on a delivery's path.
+const storeTimeout = 10 * time.Second
+
+// sameMessage reports whether a dead letter's message is m: same topic,
+// ID and publish time.
+func sameMessage(dl, m *broker.Message) bool {
+	return dl.Topic == m.Topic && dl.ID == m.ID && dl.PublishedAt.Equal(m.PublishedAt)
+}
+
 // storedDeadLetter asks the dead-letter store (the user's, with
-// WithDeadLetterCheck) whether id is stored. A panic there is logged and
-// returned as an error, so that it ends neither the pull loop nor the
-// process.
-func (l *partitionLoop) storedDeadLetter(id string) (ok bool, err error) {
+// WithDeadLetterCheck) for the dead letter id (nil: not stored). A panic
+// there is logged and returned as an error, so that it ends neither the
+// pull loop nor the process.
+func (l *partitionLoop) storedDeadLetter(id string) (dl *broker.DeadLetter, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			ok, err = false, fmt.Errorf("natsjs: DeadLetterStore.Get panicked: %v", v)
+			dl, err = nil, fmt.Errorf("natsjs: DeadLetterStore.Get panicked: %v", v)
 			l.logAttrs(slog.LevelError, "natsjs: the dead-letter store panicked; the broker decides", err)
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := l.storeCtx()
 	defer cancel()
-	_, ok, err = l.s.t.cfg.deadLetters.Get(ctx, id)
-	return ok, err
+	got, ok, err := l.s.t.cfg.deadLetters.Get(ctx, id)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return &got, nil
+}
+
+// deliveredElsewhere asks the idempotency store (WithDedupCheck) whether
+// d's message was delivered to the subscriber. A failure or a panic there
+// counts as "no" (logged): the dead letter then stays, as before.
+func (l *partitionLoop) deliveredElsewhere(d *delivery) (seen bool) {
+	store := l.s.t.cfg.dedup
+	if store == nil {
+		return false
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			seen = false
+			l.logAttrs(slog.LevelError, "natsjs: the idempotency store panicked; the dead letter stays", fmt.Errorf("natsjs: IdempotencyStore.Seen panicked: %v", v))
+		}
+	}()
+	ctx, cancel := l.storeCtx()
+	defer cancel()
+	seen, err := store.Seen(ctx, broker.DeliveryKey{Topic: d.msg.Topic, Subscriber: l.s.sub.Name, MessageID: d.msg.ID, PublishedAt: d.msg.PublishedAt})
+	if err != nil {
+		l.logAttrs(slog.LevelWarn, "natsjs: idempotency store lookup before terminating failed; the dead letter stays", err)
+		return false
+	}
+	return seen
+}
+
+// dropDeadLetter deletes d's dead letter when the store (WithDeadLetterCheck)
+// holds one of d's message, logging why (msg). A failure or a panic there
+// is logged: the dead letter then stays.
+func (l *partitionLoop) dropDeadLetter(d *delivery, msg string) {
+	store := l.s.t.cfg.deadLetters
+	if store == nil {
+		return
+	}
+	dl, err := l.storedDeadLetter(d.dlID)
+	if err != nil || dl == nil || dl.Subscriber != l.s.sub.Name || !sameMessage(&dl.Message, &d.msg) {
+		return
+	}
+	err = func() (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				err = fmt.Errorf("natsjs: DeadLetterStore.Delete panicked: %v", v)
+			}
+		}()
+		ctx, cancel := l.storeCtx()
+		defer cancel()
+		return store.Delete(ctx, d.dlID)
+	}()
+	if err != nil {
+		l.logAttrs(slog.LevelError, "natsjs: deleting the dead letter of a delivered message failed; it stays", err)
+		return
+	}
+	l.logAttrs(slog.LevelWarn, msg+" (dead letter "+strconv.Quote(d.dlID)+")", errors.New("two deliveries of one message overlapped"))
 }
 
 // acquire takes a slot, telling the server the message is held meanwhile

@@ -287,7 +287,15 @@ func (t *Transport) openStream(ctx context.Context, ts *topicState, create bool)
 
 // Publish stores msg in its topic's stream, in the partition of its Key
 // (on the keyless messages' subject when it has none), and returns once
-// the server has it. A full
+// the server has it.
+//
+// An error other than a full stream does not mean the message was not
+// stored: during an outage or a reconnection the server may have stored
+// it and its acknowledgement been lost (or the deadline passed first), and
+// it is then delivered. Publishing it again with the same ID is safe: the
+// server drops a copy of an ID stored within the dedup window
+// (WithPublishDedupWindow, 2 min by default), and later than that the
+// subscribers' idempotency store skips a copy of an ID they delivered. A full
 // stream is tried again until ctx ends (the broker sets ctx's deadline to
 // its publish timeout; without a deadline, once), then Publish returns an
 // error wrapping broker.ErrQueueFull. A copy of an ID published within the
@@ -389,9 +397,12 @@ func (t *Transport) publish(ctx context.Context, ts *topicState, m *nats.Msg, id
 			return fmt.Errorf("%w: natsjs: stream %s of topic %q is full: %v", broker.ErrQueueFull, ts.stream, ts.topic, full)
 		}
 		if !streamFull(err) {
-			if errors.Is(err, jetstream.ErrNoStreamResponse) {
-				t.forget(ts) // deleted? the next Publish creates it again
-			}
+			// Deleted, or lost with a memory stream in a server restart?
+			// The next Publish looks it up, and creates it again. (Not only
+			// on ErrNoStreamResponse: the client tries a publish without
+			// responders again for 500 ms, the default publish timeout,
+			// so a publish to a deleted stream usually ends with ctx.)
+			t.forget(ts)
 			return fmt.Errorf("natsjs: publish to stream %s: %w", ts.stream, err)
 		}
 		full = err

@@ -34,7 +34,12 @@ const (
 	// DefaultAckWait is how long the server waits for a delivery's outcome
 	// before it delivers the message again; a running handler is reported
 	// alive every third of it, so it only ends the delivery of a process
-	// that died.
+	// that died. It is also how long such a message waits: after a crash,
+	// a message that was in flight is delivered again 20 to 30 s later
+	// (the AckWait less the time since its last keep-alive), and with
+	// one partition (DefaultPartitions) every keyed message of the topic
+	// waits behind it. For fast recovery set WithAckWait(time.Second) and
+	// WithPartitions(4), as the examples do.
 	DefaultAckWait = 30 * time.Second
 	// MinAckWait is the shortest AckWait accepted.
 	MinAckWait = 100 * time.Millisecond
@@ -66,7 +71,8 @@ type transportConfig struct {
 	replicas      int
 	pullExpiry    time.Duration
 	logger        *slog.Logger
-	deadLetters   broker.DeadLetterStore // checked before redelivering a message; nil: not checked
+	deadLetters   broker.DeadLetterStore  // checked before redelivering a message; nil: not checked
+	dedup         broker.IdempotencyStore // checked before terminating a redelivered message; nil: not checked
 }
 
 func newTransportConfig(opts []TransportOption) (transportConfig, error) {
@@ -180,6 +186,18 @@ func WithPublishDedupWindow(d time.Duration) TransportOption {
 
 // WithStreamStorage picks file (the default: survives restarts) or memory
 // storage for the topics' streams the transport creates.
+//
+// A memory stream lives only as long as its server: a restart of a single
+// server (an embedded one included) loses the stream, every message not yet
+// acknowledged by every subscriber, and the subscribers' consumers. The
+// transport creates the stream again at the next Publish (that Publish
+// fails) and each subscribed process its consumers when its pull goes
+// unanswered, delivering from then on: a message published before the
+// consumers are back is not kept (interest retention), and sequences start
+// again at 1 (dead-letter IDs stay unique; see delivery IDs in the
+// README). On a cluster, a memory stream with replicas survives the
+// restart of one of its servers. The dead-letter and dedup stores keep
+// their own storage (WithStorage, file by default).
 func WithStreamStorage(st jetstream.StorageType) TransportOption {
 	return func(c *transportConfig) error {
 		if err := validStorage(st); err != nil {
@@ -235,13 +253,38 @@ func WithLogger(l *slog.Logger) TransportOption {
 // Delivery.DeadLetterID) is in s already: it then terminates the message
 // without running the handler. That closes the window where a process dies
 // after storing a dead letter and before the server heard of the outcome.
-// New and Open set it to the broker's dead-letter store.
+// For a message stored before the transport was made it also looks up the
+// ID earlier versions gave ("<stream>.<sequence>.<subscriber>"), trusting
+// a dead letter there only when it is of the same message (ID, topic and
+// publish time). New and Open set it to the broker's dead-letter store.
 func WithDeadLetterCheck(s broker.DeadLetterStore) TransportOption {
 	return func(c *transportConfig) error {
 		if s == nil {
 			return fmt.Errorf("%w: nil dead-letter store", ErrInvalidOption)
 		}
 		c.deadLetters = s
+		return nil
+	}
+}
+
+// WithDedupCheck makes the transport ask s, the broker's idempotency store,
+// before it terminates a message delivered more than once whose dead
+// letter the broker has just stored, whether the message was delivered
+// meanwhile: after a server restart or a reconnection the server can
+// deliver a message again while another process still runs its earlier
+// delivery, and one delivery may then succeed while the other is
+// dead-lettered. When s has it delivered, the dead letter is deleted and
+// the message ends delivered only. (The other half: a delivery that ran
+// across a reconnection, or for longer than the AckWait, deletes a dead
+// letter of its message it finds after succeeding; see
+// WithDeadLetterCheck.) New and Open set it to the broker's idempotency
+// store, unless Config.NoDedup.
+func WithDedupCheck(s broker.IdempotencyStore) TransportOption {
+	return func(c *transportConfig) error {
+		if s == nil {
+			return fmt.Errorf("%w: nil idempotency store", ErrInvalidOption)
+		}
+		c.dedup = s
 		return nil
 	}
 }

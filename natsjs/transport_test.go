@@ -29,7 +29,7 @@ func (e codeErr) ErrorCode() string { return e.code }
 // store under the delivery's stable ID.
 func TestTransportOutcomes(t *testing.T) {
 	conn := embedded(t, "")
-	dlIDRe := regexp.MustCompile(`^BRK_T_[a-z0-9_-]+\.[0-9]+\.s$`)
+	dlIDRe := regexp.MustCompile(`^BRK_T_[a-z0-9_-]+\.[0-9]+\.[0-9]+\.s$`)
 	tests := []struct {
 		name     string
 		handler  func(broker.Message) error
@@ -101,7 +101,7 @@ func TestTransportOutcomes(t *testing.T) {
 				t.Errorf("dead letter %+v: want code %q, reason %q, %d attempts", dl, tt.code, tt.reason, len(tt.attempts))
 			}
 			if !dlIDRe.MatchString(dl.ID) || !strings.HasPrefix(dl.ID, r.tr.StreamName(topic)+".") {
-				t.Errorf("dead letter ID %q: want <stream %s>.<sequence>.s", dl.ID, r.tr.StreamName(topic))
+				t.Errorf("dead letter ID %q: want <stream %s>.<sequence>.<stored at>.s", dl.ID, r.tr.StreamName(topic))
 			}
 		})
 	}

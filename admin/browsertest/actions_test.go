@@ -52,18 +52,27 @@ func TestRedriveDeliversAndRemoves(t *testing.T) {
 	br := newBrowser(t)
 	br.open(t, s.admin+"deadletters")
 	require.Equal(t, "on", eval[string](t, br, `document.body.dataset.actions`))
-	require.Equal(t, []string{dls[0].ID, dls[1].ID, dls[2].ID}, br.rowIDs(t))
+	require.Equal(t, []string{dls[2].ID, dls[1].ID, dls[0].ID}, br.rowIDs(t), "newest first")
 
-	// From the list: tick the first row, click Redrive.
+	// From the list: tick the first row, click Redrive. Dismissing its
+	// confirmation sends nothing.
 	row := `#dead-letters tr[data-dead-letter=` + attr(dls[0].ID) + `]`
 	br.do(t, chromedp.Click(chromedp.CSS(row+` input[type=checkbox][name=id]`)))
+	eval[chromedp.Void](t, br, `window.__mark = "same page"`)
+	br.accept.Store(false)
+	br.do(t, chromedp.Click(chromedp.CSS(`#actions-form button[data-action="redrive"]`)))
+	require.Equal(t, 1, br.dialogCount(), "redrive asks first")
+	assert.Contains(t, <-br.opened, "Redrive the selected")
+	assert.Equal(t, "same page", eval[string](t, br, `window.__mark`), "no navigation")
+	assert.Empty(t, s.posts(prefix+"redrive"), "dismissed: nothing sent")
+	br.accept.Store(true)
 	require.Equal(t, 200, br.follow(t, chromedp.Click(chromedp.CSS(`#actions-form button[data-action="redrive"]`))), "%+v", s.posts(prefix+"redrive"))
 	assert.Equal(t, "deadletters", br.page(t))
 	assert.Equal(t, "redrive", eval[string](t, br, `document.getElementById('notice').dataset.done`))
 	assert.False(t, eval[bool](t, br, `document.getElementById('notice').classList.contains('notice-bad')`))
 	assert.Equal(t, []string{"order-1"}, waitTaken(t, k, 1), "the subscriber got the redriven message")
 	assert.False(t, s.has(t, dls[0].ID), "the redriven dead letter left the store")
-	assert.Equal(t, []string{dls[1].ID, dls[2].ID}, br.rowIDs(t), "its row left the page")
+	assert.Equal(t, []string{dls[2].ID, dls[1].ID}, br.rowIDs(t), "its row left the page")
 
 	// From the detail page: follow the row's link, click Redrive there.
 	row = `#dead-letters tr[data-dead-letter=` + attr(dls[1].ID) + `]`
@@ -82,7 +91,7 @@ func TestRedriveDeliversAndRemoves(t *testing.T) {
 	assert.Equal(t, 1, n, "one dead letter left")
 	assert.True(t, s.has(t, dls[2].ID), "the untouched one stays")
 	assert.Len(t, s.posts(prefix+"redrive"), 2, "one POST per click")
-	assert.Zero(t, br.dialogCount(), "redrive asks nothing")
+	assert.Equal(t, 3, br.dialogCount(), "each redrive asked first")
 }
 
 // TestDeleteAsksFirst ticks every row with the script's select-all box and

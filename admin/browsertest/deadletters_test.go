@@ -75,7 +75,7 @@ func TestFilterNarrowsDeadLetters(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			want := []string{}
-			for _, d := range all {
+			for _, d := range slices.Backward(all) { // the list is newest first
 				if tt.match(d) {
 					want = append(want, d.ID)
 				}
@@ -92,7 +92,7 @@ func TestFilterNarrowsDeadLetters(t *testing.T) {
 
 			require.Equal(t, "deadletters", br.page(t))
 			got := br.rowIDs(t)
-			assert.Equal(t, want, got, "rows shown, oldest first")
+			assert.Equal(t, want, got, "rows shown, newest first")
 			assert.Equal(t, fmt.Sprint(len(want)), eval[string](t, br, `document.getElementById('list-count').dataset.shown`))
 			assert.Equal(t, fmt.Sprint(len(all)), eval[string](t, br, `document.getElementById('list-count').dataset.stored`))
 			assert.Equal(t, len(want) == 0, eval[bool](t, br, `!!document.querySelector('#dead-letters tbody tr.empty')`), "the empty row")

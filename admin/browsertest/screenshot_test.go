@@ -151,8 +151,9 @@ func (d *demo) halt() {
 }
 
 // TestScreenshots writes full-page PNG screenshots of the overview and of the
-// dead-letter list of a busy broker: admin-overview.png and
-// admin-deadletters.png, into docs/ with BROKER_SCREENSHOTS=1.
+// dead-letter list of a busy broker: admin-overview.png,
+// admin-deadletters.png and, at phone width (390 px),
+// admin-deadletters-phone.png, into docs/ with BROKER_SCREENSHOTS=1.
 func TestScreenshots(t *testing.T) {
 	dir := screenshotDir(t)
 	br := newBrowser(t)
@@ -173,6 +174,7 @@ func TestScreenshots(t *testing.T) {
 	// The page's widest layout; the full-page screenshot is as tall as the
 	// page.
 	br.do(t, chromedp.EmulateViewport(1600, 480))
+	minWidth := 1000
 	shoot := func(page, file string) { // the page shown
 		t.Helper()
 		require.Equal(t, page, br.page(t))
@@ -180,7 +182,7 @@ func TestScreenshots(t *testing.T) {
 		require.NoError(t, err)
 		cfg, err := png.DecodeConfig(bytes.NewReader(img))
 		require.NoError(t, err, "a PNG")
-		assert.GreaterOrEqual(t, cfg.Width, 1000)
+		assert.GreaterOrEqual(t, cfg.Width, minWidth)
 		assert.Greater(t, cfg.Height, 0)
 		path := filepath.Join(dir, file)
 		require.NoError(t, os.WriteFile(path, img, 0o644))
@@ -199,6 +201,10 @@ func TestScreenshots(t *testing.T) {
 	br.open(t, s.admin+"deadletters")
 	require.GreaterOrEqual(t, len(br.rowIDs(t)), 4)
 	shoot("deadletters", "admin-deadletters.png")
+	br.do(t, chromedp.EmulateViewport(390, 844))
+	minWidth = 390
+	br.open(t, s.admin+"deadletters")
+	shoot("deadletters", "admin-deadletters-phone.png")
 	codes := eval[[]string](t, br, `Array.from(new Set(Array.from(document.querySelectorAll('#dead-letters tbody tr[data-dead-letter] .code'), c => c.textContent))).sort()`)
 	assert.Equal(t, []string{"device_token_invalid", "risk_rejected", "smtp_unavailable"}, codes, "dead letters with different codes")
 }

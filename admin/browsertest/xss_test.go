@@ -127,8 +127,8 @@ func TestMarkupRendersAsText(t *testing.T) {
 	t.Run("list", func(t *testing.T) {
 		br.open(t, s.admin+"deadletters")
 		check(t, "deadletters", topic, sub, msg.ID, errText)
-		assert.Equal(t, []string{made.ID, odd.ID}, br.rowIDs(t))
-		assert.Equal(t, []string{made.ID, odd.ID}, eval[[]string](t, br,
+		assert.Equal(t, []string{odd.ID, made.ID}, br.rowIDs(t), "newest first")
+		assert.Equal(t, []string{odd.ID, made.ID}, eval[[]string](t, br,
 			`Array.from(document.querySelectorAll('#dead-letters input[name=id]'), c => c.value)`), "checkbox values")
 	})
 

@@ -3,6 +3,14 @@
 // all" is a checkbox, and destructive buttons ask first.
 (function () {
   'use strict';
+  // neutral shows each bidirectional control character (U+202A-U+202E,
+  // U+2066-U+2069, U+200E, U+200F, U+061C) as its code point, as the
+  // server's pages do: one would reorder the text after it.
+  function neutral(s) {
+    return s.replace(/[\u202A-\u202E\u2066-\u2069\u200E\u200F\u061C]/g, function (c) {
+      return '[U+' + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, '0') + ']';
+    });
+  }
 
   // Buttons with data-confirm ask before they submit.
   document.addEventListener('click', function (e) {
@@ -52,7 +60,7 @@
       case 'count': return String(v ? v.length : 0);
       case 'clock': return clock(v);
       case 'breaker':
-      case 'text': return v ? String(v) : '\u2013';
+      case 'text': return v ? neutral(String(v)) : '\u2013';
       default: return String(v);
     }
   }

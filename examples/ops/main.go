@@ -75,7 +75,7 @@ func serve(ctx context.Context, ln net.Listener, rate int, out *os.File) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(metrics, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	page, err := admin.New(b, admin.Options{AllowActions: true, Title: "ops example", SampleInterval: time.Second})
+	page, err := admin.New(b, admin.Options{AllowActions: true, Title: "ops example", SampleInterval: time.Second, SampleInBackground: true})
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -49,6 +50,22 @@ func TestServesMetricsAndAdmin(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return strings.Contains(get("/metrics"), `subscriber="billing"`)
 	}, 10*time.Second, 50*time.Millisecond, "metrics for the subscribers")
+	// The admin page samples in the background: its first visit, 3 s in,
+	// finds a chart with a history (one sample, without the sampler).
+	time.Sleep(3 * time.Second)
+	var snap struct {
+		Topics []struct {
+			Name  string `json:"name"`
+			Chart struct {
+				Samples []json.RawMessage `json:"samples"`
+			} `json:"chart"`
+		} `json:"topics"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(get("/admin/api/stats")), &snap))
+	require.NotEmpty(t, snap.Topics)
+	for _, tp := range snap.Topics {
+		assert.GreaterOrEqual(t, len(tp.Chart.Samples), 3, "topic %s: samples at the first visit", tp.Name)
+	}
 	metrics := get("/metrics")
 	for _, want := range []string{`topic="orders"`, `topic="payments"`, "go_goroutines"} {
 		assert.Contains(t, metrics, want)
