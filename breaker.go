@@ -24,15 +24,25 @@ const (
 	DefaultBreakerWindow      = 10 * time.Second // FailureRatio's window
 	DefaultBreakerMinAttempts = 20               // attempts in the window before FailureRatio applies
 	DefaultBreakerOpenFor     = time.Second      // the first open interval
-	DefaultBreakerMaxOpenFor  = time.Minute      // the longest open interval
+	DefaultBreakerMaxOpenFor  = 5 * time.Second  // the longest open interval: a recovered dependency is noticed within it
 )
 
 // BreakerPolicy configures a subscriber's circuit breaker (see
-// CircuitBreaker). It trips on retryable failures only: a Permanent error
-// or a panic says something about the message, not about what the handler
-// depends on. Zero fields take the Default values; with neither Failures
-// nor FailureRatio set, it trips after DefaultBreakerFailures failures in a
-// row.
+// CircuitBreaker). It trips on retryable failures only (a panic
+// included): a Permanent error says something about the message, not
+// about what the handler depends on. Zero fields take the Default values;
+// with neither Failures nor FailureRatio set, it trips after
+// DefaultBreakerFailures failures in a row.
+//
+// The arithmetic, for a dependency that hangs: every attempt then lasts
+// the subscriber's HandlerTimeout, and Concurrency of them run at once, so
+// Failures failures in a row take Failures × HandlerTimeout ÷ Concurrency
+// before the breaker trips (5 × 10 s ÷ 5 workers = 10 s: an outage of 10 s
+// is over before it opens). A shorter HandlerTimeout trips it sooner. Once
+// open, it probes after OpenFor, 2 × OpenFor, 4 × OpenFor… capped at
+// MaxOpenFor: with the defaults after 1, 2, 4, then every 5 s, so a
+// dependency that recovers is noticed within 5 s, and one that stays down
+// costs one attempt every 5 s.
 type BreakerPolicy struct {
 	// Failures trips the breaker after this many retryable failures in a
 	// row (a success resets the run).

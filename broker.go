@@ -57,6 +57,8 @@ type Broker struct {
 	dlPrefix string        // makes dead-letter IDs unique across brokers and restarts
 	dlSeq    atomic.Uint64 // dead-letter sequence
 	redrive  chan struct{} // holds a token while a Redrive runs, so a dead letter is redriven once
+
+	logs *logLimits // what could flood the log, rate-limited
 }
 
 // New returns a running broker configured by opts. It fails with an error
@@ -82,7 +84,7 @@ func New(opts ...Option) (*Broker, error) {
 	if !cfg.dedupSet {
 		cfg.dedup = NewMemoryIdempotencyStore(DefaultDedupWindow, DefaultDedupEntries)
 	}
-	cfg.policy = cfg.policy.normalized()
+	cfg.policy = cfg.policy.over(DefaultRetryPolicy()) // rules resolved per subscriber (normalized)
 	b := &Broker{
 		cfg:       cfg,
 		seed:      maphash.MakeSeed(),
@@ -91,6 +93,11 @@ func New(opts ...Option) (*Broker, error) {
 		dlPrefix:  newDeadLetterPrefix(time.Now()),
 	}
 	b.mem, _ = cfg.dedup.(*MemoryIdempotencyStore)
+	var window time.Duration
+	if b.mem != nil {
+		window = b.mem.window
+	}
+	b.logs = newLogLimits(cfg.logger, window)
 	b.panics = panics
 	b.guard = guard{panics: panics, log: cfg.logger}
 	b.dlq = guardedDLQ{s: cfg.dlq, g: b.guard}
@@ -173,8 +180,8 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	if err == queue.ErrStopped {
 		err = fmt.Errorf("broker: publish %q to %q: %w", msg.ID, msg.Topic, ctx.Err())
 	} else {
-		err = fmt.Errorf("%w: publish %q to %q: topic queue of %d stayed full for %v",
-			ErrQueueFull, msg.ID, msg.Topic, t.q.Cap(), b.cfg.publishTimeout)
+		err = fmt.Errorf("%w: publish %q to %q: topic queue of %d stayed full for %v%s",
+			ErrQueueFull, msg.ID, msg.Topic, t.q.Cap(), b.cfg.publishTimeout, t.holder())
 	}
 	t.tally.rejected.Add(1)
 	if b.obs != nil {

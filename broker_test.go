@@ -236,7 +236,9 @@ func TestAttemptsAndReasons(t *testing.T) {
 		wantReason   string
 		retryable    bool
 	}{
-		{"always failing, no retries", 0, errBoom, []int{1}, CodeError, ReasonExhausted, true},
+		{"always failing, no retries", NoRetries, errBoom, []int{1}, CodeError, ReasonExhausted, true},
+		{"any negative MaxRetries is none", -7, errBoom, []int{1}, CodeError, ReasonExhausted, true},
+		{"zero MaxRetries is the default", 0, errBoom, []int{1, 2, 3, 4, 5, 6}, CodeError, ReasonExhausted, true},
 		{"always failing, 1 retry", 1, errBoom, []int{1, 2}, CodeError, ReasonExhausted, true},
 		{"always failing, 3 retries", 3, errBoom, []int{1, 2, 3, 4}, CodeError, ReasonExhausted, true},
 		{"own code", 2, codedError{"db_down"}, []int{1, 2, 3}, "db_down", ReasonExhausted, true},
@@ -336,7 +338,7 @@ func TestPerCodeRules(t *testing.T) {
 		Backoff:    ConstantBackoff(10 * time.Millisecond),
 		ByCode: map[string]RetryRule{
 			CodeTimeout:   {MaxRetries: 3},
-			"invalid":     {MaxRetries: 0},
+			"invalid":     {MaxRetries: NoRetries},
 			CodeThrottled: {MaxRetries: 5, Backoff: ConstantBackoff(time.Second)},
 		},
 	}
@@ -407,9 +409,12 @@ func TestPanicsAreDeadLettered(t *testing.T) {
 		attempts int
 		reason   string
 	}{
-		{"not retried by default", RetryPolicy{MaxRetries: 3, Backoff: ConstantBackoff(0)}, 1, ReasonPermanent},
-		{"retried when a rule says so", RetryPolicy{MaxRetries: 3, Backoff: ConstantBackoff(0),
+		{"retried under the policy", RetryPolicy{MaxRetries: 3, Backoff: ConstantBackoff(0)}, 4, ReasonExhausted},
+		{"retried under the default policy", RetryPolicy{Backoff: ConstantBackoff(0)}, DefaultMaxRetries + 1, ReasonExhausted},
+		{"retried as a rule says", RetryPolicy{MaxRetries: 3, Backoff: ConstantBackoff(0),
 			ByCode: map[string]RetryRule{CodePanic: {MaxRetries: 1}}}, 2, ReasonExhausted},
+		{"never when a rule says NoRetries", RetryPolicy{MaxRetries: 3, Backoff: ConstantBackoff(0),
+			ByCode: map[string]RetryRule{CodePanic: {MaxRetries: NoRetries}}}, 1, ReasonPermanent},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -527,7 +532,7 @@ func TestDeadLetterCarriesEveryField(t *testing.T) {
 
 func TestRedrive(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: 0}))
+		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: NoRetries}))
 		var billing, inventory calls
 		var fail atomic.Bool
 		fail.Store(true)
@@ -569,7 +574,7 @@ func TestRedrive(t *testing.T) {
 
 func TestRedriveBypassesDedup(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: 0}))
+		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: NoRetries}))
 		var got calls
 		var fail atomic.Bool
 		fail.Store(true)
@@ -597,7 +602,7 @@ func TestRedriveBypassesDedup(t *testing.T) {
 
 func TestRedriveErrors(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: 0}))
+		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: NoRetries}))
 		sub, err := b.Subscribe("t", "s", func(context.Context, Message) error { return errBoom })
 		require.NoError(t, err)
 		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t"}))
@@ -651,7 +656,7 @@ func TestDedup(t *testing.T) {
 
 func TestDedupIsPerSubscriberAndAfterSuccessOnly(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: 0}))
+		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: NoRetries}))
 		var a, c calls
 		var fail atomic.Bool
 		fail.Store(true)
@@ -698,7 +703,7 @@ func TestSameIDNeverRunsTwiceAtOnce(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		// Permanent failures are never recorded as delivered, so every copy
 		// runs; different Keys send the copies to different workers.
-		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: 0}))
+		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: NoRetries}))
 		var running, overlap, runs atomic.Int32
 		_, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
 			runs.Add(1)
@@ -1020,8 +1025,6 @@ func TestSubscribeValidation(t *testing.T) {
 		{"negative timeout", "t", "s", h, []SubscribeOption{HandlerTimeout(-1)}, ErrInvalidOption, "handler timeout"},
 		{"zero lane", "t", "s", h, []SubscribeOption{LaneSize(0)}, ErrInvalidOption, "lane size"},
 		{"huge lane", "t", "s", h, []SubscribeOption{LaneSize(MaxQueueSize + 1)}, ErrInvalidOption, "lane size"},
-		{"bad policy", "t", "s", h, []SubscribeOption{WithSubscriberRetryPolicy(RetryPolicy{MaxRetries: -1})}, ErrInvalidOption, "MaxRetries -1"},
-		{"bad rule", "t", "s", h, []SubscribeOption{WithSubscriberRetryPolicy(RetryPolicy{ByCode: map[string]RetryRule{"x": {MaxRetries: -2}}})}, ErrInvalidOption, `"x"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1047,7 +1050,6 @@ func TestNewValidation(t *testing.T) {
 		{"queue size", WithQueueSize(0), "queue size"},
 		{"huge queue size", WithQueueSize(MaxQueueSize + 1), "queue size"},
 		{"publish timeout", WithPublishTimeout(-time.Second), "publish timeout"},
-		{"retry policy", WithRetryPolicy(RetryPolicy{MaxRetries: -1}), "MaxRetries"},
 		{"empty code", WithRetryPolicy(RetryPolicy{ByCode: map[string]RetryRule{"": {}}}), "empty error code"},
 		{"nil store", WithDeadLetterStore(nil), "dead-letter store"},
 		{"nil logger", WithLogger(nil), "logger"},
@@ -1121,7 +1123,7 @@ func TestStatsMatchHandlers(t *testing.T) {
 		dls := deadLetters(t, b)
 		assert.Len(t, dls, int(ss.DeadLettered))
 		assert.Equal(t, 3, ss.Concurrency)
-		assert.Equal(t, DefaultQueueSize, ss.Capacity, "one lane, shared by the workers")
+		assert.Equal(t, DefaultLaneSize, ss.Capacity, "one lane, shared by the workers")
 	})
 }
 

@@ -182,15 +182,16 @@ func newChaosRun(t *testing.T, seed uint64) *chaosRun {
 		r.topics = append(r.topics, topic)
 		for j := range 1 + rng.IntN(3) {
 			s := &chaosSub{topic: topic, name: "s" + strconv.Itoa(j), anchor: j == 0,
-				redrivable: rng.IntN(2) == 0, concurrency: 1 + rng.IntN(4), policy: brokerPolicy}
+				redrivable: rng.IntN(2) == 0, concurrency: 1 + rng.IntN(4), policy: brokerPolicy.normalized()}
 			s.opts = []SubscribeOption{Concurrency(s.concurrency), LaneSize(1 + rng.IntN(16))}
 			if rng.IntN(2) == 0 {
 				s.timeout = time.Duration(1+rng.IntN(10)) * time.Millisecond
 				s.opts = append(s.opts, HandlerTimeout(s.timeout))
 			}
 			if rng.IntN(3) == 0 {
-				s.policy = r.randomPolicy()
-				s.opts = append(s.opts, WithSubscriberRetryPolicy(s.policy))
+				own := r.randomPolicy()
+				s.opts = append(s.opts, WithSubscriberRetryPolicy(own))
+				s.policy = own.over(brokerPolicy).normalized() // what it refines to
 			}
 			if rng.IntN(4) == 0 {
 				s.ordered = true
@@ -215,10 +216,7 @@ func newChaosRun(t *testing.T, seed uint64) *chaosRun {
 			if rng.IntN(5) == 0 {
 				s.opts = append(s.opts, RateLimit(float64(500+rng.IntN(5000)), 1+rng.IntN(8)))
 			}
-			s.maxAttempts = s.policy.MaxRetries + 1
-			for _, rule := range s.policy.ByCode {
-				s.maxAttempts = max(s.maxAttempts, rule.MaxRetries+1)
-			}
+			s.maxAttempts = s.policy.maxAttempts()
 			r.subs = append(r.subs, s)
 		}
 	}
@@ -227,7 +225,7 @@ func newChaosRun(t *testing.T, seed uint64) *chaosRun {
 
 func (r *chaosRun) randomPolicy() RetryPolicy {
 	rng := r.rng
-	p := RetryPolicy{MaxRetries: rng.IntN(4)}
+	p := RetryPolicy{MaxRetries: noneIfZero(rng.IntN(4))}
 	switch rng.IntN(3) {
 	case 0:
 		p.Backoff = ConstantBackoff(0)
@@ -240,7 +238,7 @@ func (r *chaosRun) randomPolicy() RetryPolicy {
 		p.ByCode = map[string]RetryRule{}
 		for _, code := range []string{CodeTimeout, CodeThrottled, CodePanic, "c1"} {
 			if rng.IntN(2) == 0 {
-				p.ByCode[code] = RetryRule{MaxRetries: rng.IntN(4)}
+				p.ByCode[code] = RetryRule{MaxRetries: noneIfZero(rng.IntN(4))}
 			}
 		}
 	}
@@ -572,12 +570,12 @@ func (r *chaosRun) verify() {
 		sub := r.sub(dl.Message.Topic, dl.Subscriber)
 		switch dl.Reason {
 		case ReasonExhausted: // every allowed attempt was made for the last code
-			if want := maxRetriesFor(sub.policy, dl.ErrorCode) + 1; dl.Attempts < want || !dl.Retryable {
+			if want := max(maxRetriesFor(sub.policy, dl.ErrorCode), 0) + 1; dl.Attempts < want || !dl.Retryable {
 				t.Errorf("dead letter %s/%s %s: exhausted after %d attempts with code %q (retryable %v), policy allows %d",
 					dl.Message.Topic, dl.Subscriber, dl.Message.ID, dl.Attempts, dl.ErrorCode, dl.Retryable, want)
 			}
 		case ReasonPermanent: // the last failure was not retryable
-			if dl.Retryable || (dl.ErrorCode != CodePermanent && dl.ErrorCode != CodePanic && maxRetriesFor(sub.policy, dl.ErrorCode) > 0) {
+			if dl.Retryable || (dl.ErrorCode != CodePermanent && !(hasRule(sub.policy, dl.ErrorCode) && maxRetriesFor(sub.policy, dl.ErrorCode) < 0)) {
 				t.Errorf("dead letter %s/%s %s: permanent with code %q (retryable %v)",
 					dl.Message.Topic, dl.Subscriber, dl.Message.ID, dl.ErrorCode, dl.Retryable)
 			}
@@ -709,7 +707,7 @@ func (r *chaosRun) verifyAttempts() {
 				open[k][c.attempt-1]--
 			}
 		}
-		retried := !c.returnedNil && c.behaviour != "permanent" && (c.behaviour != "panic" || hasRule(s.policy, CodePanic))
+		retried := !c.returnedNil && c.behaviour != "permanent" && (c.behaviour != "panic" || maxRetriesFor(s.policy, CodePanic) >= 0)
 		if retried {
 			open[k][c.attempt]++
 		}
@@ -759,6 +757,15 @@ func maxRetriesFor(p RetryPolicy, code string) int {
 		return r.MaxRetries
 	}
 	return p.MaxRetries
+}
+
+// noneIfZero keeps the random policies' range of 0 to 3 retries: 0 is
+// NoRetries (a zero MaxRetries means the default).
+func noneIfZero(n int) int {
+	if n == 0 {
+		return NoRetries
+	}
+	return n
 }
 
 func hasRule(p RetryPolicy, code string) bool {

@@ -44,7 +44,7 @@ func (b *Broker) newPipeline(topicName, name string, c *subCounters, h Handler, 
 		handler: h, timeout: sc.timeout, policy: policy, dedup: b.dedup, plugins: b.guard,
 		rec: recorder{
 			topic: topicName, subscriber: name, c: c,
-			obs: obs, log: b.cfg.logger, dlq: b.dlq, newID: b.newDeadLetterID,
+			obs: obs, log: b.cfg.logger, limits: b.logs, dlq: b.dlq, newID: b.newDeadLetterID,
 			onDeadLetter: onDeadLetter, stop: stop.Done(), storeCtx: storeContext(stop),
 		},
 	}
@@ -352,7 +352,10 @@ func (p *pipeline) call(ctx context.Context, msg *Message) (err error, timedOut 
 }
 
 // safeCall runs the handler on its own copy of the message, with its own
-// copy of Headers (it may add to them), turning a panic into a *PanicError.
+// Headers map (it may write to it), turning a panic into a *PanicError.
+// A message published without headers gets an empty map: one small
+// allocation per call, which the handler may keep (a map reused from call
+// to call would be shared with a handler that holds on to its message).
 func (p *pipeline) safeCall(ctx context.Context, msg *Message) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
@@ -362,6 +365,8 @@ func (p *pipeline) safeCall(ctx context.Context, msg *Message) (err error) {
 	m := *msg
 	if m.Headers != nil {
 		m.Headers = maps.Clone(m.Headers)
+	} else {
+		m.Headers = make(map[string]string)
 	}
 	return p.handler(ctx, m)
 }

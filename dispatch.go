@@ -1,6 +1,9 @@
 package broker
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +49,18 @@ func (t *topic) blockStart(s *Subscription, start time.Time) {
 	t.blockMu.Lock()
 	t.blocked = blockedOn{s: s, since: start}
 	t.blockMu.Unlock()
+}
+
+// holder says, for an ErrQueueFull, which subscriber's full lane holds the
+// topic's dispatcher (TopicStats.BlockedOn), if one does.
+func (t *topic) holder() string {
+	t.blockMu.Lock()
+	s := t.blocked.s
+	t.blockMu.Unlock()
+	if s == nil {
+		return ""
+	}
+	return fmt.Sprintf(": subscriber %q holds it, its lane of %d is full (Stats: BlockedOn; LaneSize, WhenLaneFull)", s.name, s.lane.capacity)
 }
 
 // blockEnd moves the dispatcher's wait of d for s into s's total.
@@ -352,6 +367,11 @@ func (t *topic) unrouted(msg *Message) {
 	t.tally.unrouted.Add(1)
 	if t.b.obs != nil {
 		t.b.obs.Unrouted(UnroutedEvent{Topic: t.name, MessageID: msg.ID})
+	}
+	if log := t.b.cfg.logger; log.Enabled(context.Background(), slog.LevelInfo) && t.b.logs.unrouted.allow(logKey{topic: t.name}) {
+		log.LogAttrs(context.Background(), slog.LevelInfo,
+			"broker: message published to a topic without a subscriber, counted Unrouted and dropped; subscribe before publishing",
+			slog.String("topic", t.name), slog.String("message_id", msg.ID))
 	}
 }
 

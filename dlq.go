@@ -44,10 +44,9 @@ type DeadLetter struct {
 	// Error is the text of the last error.
 	Error string
 	// Retryable reports whether the policy allowed retries for the last
-	// error's code: false for a Permanent error, a panic without a ByCode
-	// rule, or a code whose ByCode rule has MaxRetries 0; true under a
-	// policy-wide MaxRetries of 0 (its dead letter is exhausted, not
-	// permanent).
+	// error's code: false for a Permanent error or a code whose ByCode rule
+	// has NoRetries; true under a policy-wide NoRetries (its dead letter is
+	// exhausted, not permanent).
 	Retryable bool
 	// Reason is one of ReasonExhausted, ReasonPermanent, ReasonShutdown,
 	// ReasonUnsubscribed, ReasonOverflow, ReasonBudget.
@@ -116,7 +115,8 @@ type DeadLetterStore interface {
 
 // MemoryDeadLetterStore is the default DeadLetterStore: bounded, in memory,
 // oldest first. When full, Put evicts the oldest dead letter, logs it at
-// Warn level and counts it (Evicted). It is safe for concurrent use.
+// Warn level (10 lines a second, then one summary line a second with the
+// count) and counts it (Evicted). It is safe for concurrent use.
 //
 // Dead letters sit in a ring in the order they were put, with an index by
 // ID; Delete leaves a hole that is dropped when it reaches the front, or
@@ -126,6 +126,7 @@ type DeadLetterStore interface {
 type MemoryDeadLetterStore struct {
 	capacity int
 	logger   *slog.Logger
+	evictLog *logLimit // rate-limits the eviction lines
 	evicted  atomic.Uint64
 
 	mu    sync.Mutex        // guards the fields below
@@ -152,7 +153,9 @@ func NewMemoryDeadLetterStore(capacity int, logger *slog.Logger) *MemoryDeadLett
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &MemoryDeadLetterStore{capacity: capacity, logger: logger, byID: make(map[string]uint64)}
+	return &MemoryDeadLetterStore{capacity: capacity, logger: logger, byID: make(map[string]uint64),
+		evictLog: newLogLimit(logger, slog.LevelWarn, "broker: more dead letters evicted from the full store",
+			deadLetterWindow, deadLetterLines, 0, false)}
 }
 
 // Put stores dl, evicting the oldest dead letter if the store is full. A
@@ -180,6 +183,9 @@ func (s *MemoryDeadLetterStore) Put(ctx context.Context, dl DeadLetter) error {
 	s.mu.Unlock()
 	if evicted {
 		n := s.evicted.Add(1)
+		if !s.logger.Enabled(ctx, slog.LevelWarn) || !s.evictLog.allow(logKey{}) {
+			return nil
+		}
 		s.logger.LogAttrs(ctx, slog.LevelWarn, "broker: dead-letter store full, evicted oldest",
 			slog.String("dead_letter_id", victim.ID),
 			slog.String("topic", victim.Message.Topic),

@@ -132,7 +132,7 @@ func TestMemoryDeadLetterStoreEvictsOldest(t *testing.T) {
 
 func TestBrokerReportsEvictions(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		b := newTestBroker(t, WithDeadLetterStore(NewMemoryDeadLetterStore(2, discard)), WithRetryPolicy(RetryPolicy{}))
+		b := newTestBroker(t, WithDeadLetterStore(NewMemoryDeadLetterStore(2, discard)), WithRetryPolicy(RetryPolicy{MaxRetries: NoRetries}))
 		_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return errBoom })
 		require.NoError(t, err)
 		publishN(t, b, "t", "m", 5)
@@ -149,7 +149,7 @@ func TestDeadLetterPutIsRetried(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		var buf lockedBuffer
 		store := &flakyStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil), fails: 5}
-		b := newTestBroker(t, WithDeadLetterStore(store), WithRetryPolicy(RetryPolicy{}),
+		b := newTestBroker(t, WithDeadLetterStore(store), WithRetryPolicy(RetryPolicy{MaxRetries: NoRetries}),
 			WithLogger(slog.New(slog.NewTextHandler(&buf, nil))))
 		_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return errBoom })
 		require.NoError(t, err)
@@ -210,7 +210,7 @@ func testDeadLetterStoreErrors(t *testing.T, stop string) {
 			mu.Unlock()
 		}}
 		b := newTestBroker(t, WithDeadLetterStore(failingStore{NewMemoryDeadLetterStore(0, nil)}),
-			WithRetryPolicy(RetryPolicy{}), WithLogger(logger), WithObserver(obs))
+			WithRetryPolicy(RetryPolicy{MaxRetries: NoRetries}), WithLogger(logger), WithObserver(obs))
 		sub, err := b.Subscribe("t", "s", func(context.Context, Message) error { return errBoom })
 		require.NoError(t, err)
 		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t", Key: "k1"}))

@@ -58,8 +58,8 @@
 // A handler reports failure only by returning an error; a panic is
 // recovered as a [*PanicError]. Errors are classified:
 //
-//   - a panic: code "panic", not retried unless RetryPolicy.ByCode["panic"]
-//     says so;
+//   - a panic: code "panic", retryable like any error (a ByCode["panic"]
+//     rule with [NoRetries] makes it permanent);
 //   - the subscriber's HandlerTimeout had passed when the handler returned an
 //     error: code "timeout", retryable, whatever the error;
 //   - [Permanent](err): code "permanent" (or err's own code), never retried;
@@ -72,10 +72,12 @@
 // its code ([RetryPolicy.ByCode], else the policy's MaxRetries); attempts are
 // numbered 1, 2, 3… and never exceed MaxRetries+1 for the code. The last
 // failure goes to the dead-letter store with reason "exhausted" (or
-// "permanent" when a [RetryPolicy.ByCode] rule of MaxRetries 0 declares the
-// code not worth retrying; a policy-wide MaxRetries of 0 leaves codes
-// retryable, so their first failure is "exhausted"), is counted, logged and
-// reported to the [Observer].
+// "permanent" when a [RetryPolicy.ByCode] rule of [NoRetries] declares the
+// code not worth retrying; a policy-wide NoRetries leaves codes retryable,
+// so their first failure is "exhausted"), is counted, logged and reported
+// to the [Observer]. A zero field of a policy or rule means "not set": the
+// default [DefaultRetryPolicy] (5 retries, 3.1 to 6.2 s of backoff in all),
+// or for a rule the policy's.
 //
 // # Backpressure
 //

@@ -12,7 +12,8 @@ var (
 	// been called.
 	ErrClosed = errors.New("broker: closed")
 	// ErrQueueFull is returned by Publish (and Redrive) when the queue stayed
-	// full for the whole publish timeout.
+	// full for the whole publish timeout. When a subscriber's full lane
+	// holds the topic (TopicStats.BlockedOn), the error's text names it.
 	ErrQueueFull = errors.New("broker: queue full")
 	// ErrInvalidMessage wraps the reason a message was refused by Publish.
 	ErrInvalidMessage = errors.New("broker: invalid message")

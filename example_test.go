@@ -107,7 +107,7 @@ func ExampleRetryPolicy() {
 		Backoff:    broker.ExponentialBackoff(time.Millisecond, 5*time.Millisecond),
 		ByCode: map[string]broker.RetryRule{
 			broker.CodeTimeout:   {MaxRetries: 3},
-			"invalid":            {MaxRetries: 0},
+			"invalid":            {MaxRetries: broker.NoRetries},
 			broker.CodeThrottled: {MaxRetries: 5, Backoff: broker.ConstantBackoff(10 * time.Millisecond)},
 		},
 	}
@@ -147,7 +147,7 @@ func ExampleRetryPolicy() {
 // Reading dead letters, then redriving one to the subscriber that failed it
 // once the cause is fixed.
 func ExampleBroker_Redrive() {
-	b, _ := broker.New(broker.WithLogger(quiet), broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 0}))
+	b, _ := broker.New(broker.WithLogger(quiet), broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: broker.NoRetries}))
 	var mu sync.Mutex
 	fixed := false
 	done := make(chan string, 1)

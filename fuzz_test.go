@@ -97,11 +97,8 @@ func FuzzBackoff(f *testing.F) {
 		}
 
 		p := RetryPolicy{MaxRetries: maxRetries, Backoff: ExponentialBackoff(b, m)}
-		if err := p.validate(); (err != nil) != (maxRetries < 0) {
+		if err := p.validate(); err != nil {
 			t.Fatalf("validate(MaxRetries %d) = %v", maxRetries, err)
-		}
-		if maxRetries < 0 {
-			return
 		}
 		p = p.normalized()
 		attempt := max(retry, 1)
@@ -109,7 +106,11 @@ func FuzzBackoff(f *testing.F) {
 		if v.delay < 0 {
 			t.Fatalf("decide: negative delay %v", v.delay)
 		}
-		if v.retry != (attempt <= maxRetries) {
+		allowed := maxRetries // 0: the default; negative: none
+		if allowed == 0 {
+			allowed = DefaultMaxRetries
+		}
+		if v.retry != (attempt <= allowed) {
 			t.Fatalf("decide(attempt %d, MaxRetries %d) retry = %v", attempt, maxRetries, v.retry)
 		}
 		if v.retry && after > 0 && v.delay < time.Duration(after) {

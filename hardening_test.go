@@ -76,7 +76,8 @@ func TestOddHandlerOutcomesEndLikeAPanic(t *testing.T) {
 					require.Len(t, dls, 1)
 					assert.Equal(t, "bad", dls[0].Message.ID)
 					assert.Equal(t, CodePanic, dls[0].ErrorCode)
-					assert.Equal(t, ReasonPermanent, dls[0].Reason)
+					assert.Equal(t, ReasonExhausted, dls[0].Reason, "retried like a panic, under the policy")
+					assert.Equal(t, 2, dls[0].Attempts)
 					assert.Contains(t, dls[0].Error, tt.text)
 					ss := subStats(t, b, "t", "s")
 					assert.Equal(t, uint64(8), ss.Delivered, "the worker went on")
@@ -121,32 +122,66 @@ func TestEachHandlerGetsItsOwnHeaders(t *testing.T) {
 	}
 }
 
-// A message published without Headers reaches handlers with nil ones (no
-// map per delivery, as documented on Message.Headers); a handler that
-// starts its own map is seen by nobody else.
-func TestHeadersNilWhenPublishedWithout(t *testing.T) {
-	bubble(t, func(t *testing.T) {
-		b := newTestBroker(t)
-		got := make(chan map[string]string, 2)
-		for _, name := range []string{"a", "b"} {
-			_, err := b.Subscribe("t", name, func(_ context.Context, m Message) error {
-				got <- m.Headers
-				if m.Headers == nil {
-					m.Headers = map[string]string{}
+// A message published without Headers reaches every handler call with a
+// map of its own, non-nil and empty: a handler (and the middleware around
+// it, which sees the same map) writes to it without a nil check, no other
+// subscriber and no later attempt sees the write, and the dead letter keeps
+// the headers as published (none). Before, the write panicked on the nil
+// map and the message became a dead letter.
+func TestHandlersGetTheirOwnHeadersWhenPublishedWithout(t *testing.T) {
+	for _, viaTransport := range []bool{false, true} {
+		t.Run(fmt.Sprintf("transport=%v", viaTransport), func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				var mwSaw sync.Map // attempt → the map middleware saw, after the handler
+				mw := func(_ SubscriberInfo, next Handler) Handler {
+					return func(ctx context.Context, m Message) error {
+						err := next(ctx, m)
+						mwSaw.Store(fmt.Sprint(m.Attempt, "/", m.Headers["by"]), len(m.Headers))
+						return err
+					}
 				}
-				m.Headers["by"] = name
-				return nil
+				opts := []Option{WithMiddleware(mw)}
+				var b *Broker
+				if viaTransport {
+					b = newTransportBroker(t, newFakeTransport(), opts...)
+				} else {
+					b = newTestBroker(t, opts...)
+				}
+				got := make(chan string, 8)
+				for _, name := range []string{"a", "b"} {
+					_, err := b.Subscribe("t", name, func(_ context.Context, m Message) error {
+						got <- fmt.Sprintf("%s#%d saw %d headers", name, m.Attempt, len(m.Headers))
+						m.Headers["by"] = name // no nil check
+						if name == "b" {
+							return Permanent(errBoom)
+						}
+						if m.Attempt == 1 {
+							return errBoom // the retry gets a fresh map
+						}
+						return nil
+					})
+					require.NoError(t, err)
+				}
+				require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t"}))
+				settle(t, b)
+				close(got)
+				var lines []string
+				for l := range got {
+					lines = append(lines, l)
+				}
+				assert.ElementsMatch(t, []string{"a#1 saw 0 headers", "a#2 saw 0 headers", "b#1 saw 0 headers"}, lines)
+				for _, k := range []string{"1/a", "2/a", "1/b"} {
+					n, ok := mwSaw.Load(k)
+					assert.True(t, ok && n == 1, "middleware saw the handler's write at %s", k)
+				}
+				dls := deadLetters(t, b)
+				require.Len(t, dls, 1)
+				assert.Nil(t, dls[0].Message.Headers, "a dead letter keeps the headers as published")
+				assert.Equal(t, uint64(1), subStats(t, b, "t", "a").Delivered)
+				requireConserved(t, b.Stats())
 			})
-			require.NoError(t, err)
-		}
-		require.NoError(t, b.Publish(context.Background(), Message{ID: "m", Topic: "t"}))
-		idle()
-		close(got)
-		for h := range got {
-			assert.Nil(t, h)
-		}
-		requireConserved(t, b.Stats())
-	})
+		})
+	}
 }
 
 var _ = errors.New

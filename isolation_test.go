@@ -94,7 +94,7 @@ func TestFailingSubscriberCostsItsNeighbourNothing(t *testing.T) {
 				assert.Zero(t, st.Rejected)
 				w := st.Subscribers["webhook"]
 				assert.Equal(t, uint64(n), w.DeadLettered)
-				assert.Equal(t, uint64(3*n), w.Attempts, "exactly MaxRetries+1 attempts each")
+				assert.Equal(t, uint64((DefaultMaxRetries+1)*n), w.Attempts, "exactly MaxRetries+1 attempts each")
 				obs.mu.Lock()
 				assert.Equal(t, map[string]int{ReasonExhausted: n}, obs.reasons)
 				assert.Equal(t, map[int]int{DefaultMaxRetries + 1: n}, obs.tries)
@@ -108,10 +108,13 @@ func TestFailingSubscriberCostsItsNeighbourNothing(t *testing.T) {
 }
 
 // One key of ten always fails, at Concurrency(4): the other keys flow at
-// the offered rate, and each key's first attempts keep publish order.
+// the offered rate, and each key's first attempts keep publish order. The
+// policy is short (2 retries from 50 ms): the failing key's messages run
+// one after the other, and under the default policy (about 4.7 s each) its
+// 1,200 would take longer than settle's hour.
 func TestFailingKeyCostsOtherKeysNothing(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		b, err := New(WithLogger(discard))
+		b, err := New(WithLogger(discard), WithRetryPolicy(RetryPolicy{MaxRetries: 2, Backoff: ExponentialBackoff(50*time.Millisecond, 5*time.Second)}))
 		require.NoError(t, err)
 		defer b.Close(context.Background())
 		var mu sync.Mutex
@@ -455,7 +458,7 @@ func TestCircuitBreaker(t *testing.T) {
 // attempts in the window, not before MinAttempts.
 func TestCircuitBreakerRatio(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: 0}))
+		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: NoRetries}))
 		var n atomic.Int32
 		_, err := b.Subscribe("t", "s", func(context.Context, Message) error {
 			if n.Add(1)%2 == 0 {

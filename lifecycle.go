@@ -17,13 +17,20 @@ import (
 // later is logged and ignored.
 const ShutdownGrace = 250 * time.Millisecond
 
-// Close shuts the broker down without losing a message. It refuses new
-// publishes (ErrClosed), then delivers everything queued, retries included,
-// until ctx ends. If ctx ends first, it cancels the running handlers'
-// contexts (their context.Cause matches ErrClosed), waits at most
-// ShutdownGrace for them to return, and puts every unfinished message into
-// the dead-letter store with reason "shutdown"; it then returns a
-// *DrainError saying how many (it unwraps to ctx's error). Like
+// Close shuts the broker down accounting for every message: each one ends
+// delivered, or as a dead letter with a reason — which is not the same as
+// surviving. It refuses new publishes (ErrClosed), then delivers
+// everything queued, retries included (under the default policy a failing
+// message may take 6 s more), until ctx ends. If ctx ends first, it
+// cancels the running handlers' contexts (their context.Cause matches
+// ErrClosed), waits at most ShutdownGrace for them to return, and puts
+// every unfinished message into the dead-letter store with reason
+// "shutdown"; it then returns a *DrainError saying how many (it unwraps to
+// ctx's error). The default store is in memory and goes with the process:
+// to keep what a shutdown cut off, give WithDeadLetterStore a durable
+// store (natsjs.DeadLetterStore works with the in-memory broker too) and
+// redrive them after the restart (RedriveMatching with Reason
+// "shutdown"). Like
 // http.Server.Shutdown, it honours its context: a handler that ignores its
 // own is abandoned after the grace, and is the only goroutine of the broker
 // that may outlive Close. Otherwise every goroutine of the broker has ended
@@ -54,6 +61,7 @@ func (b *Broker) Close(ctx context.Context) error {
 	}
 	if b.remote != nil {
 		b.closeErr = b.closeRemote(ctx)
+		b.logs.flush()
 		close(b.closeDone)
 		return b.closeErr
 	}
@@ -97,6 +105,7 @@ func (b *Broker) Close(ctx context.Context) error {
 	if n, lost := b.shutdownDLs.Load(), b.lost.Load()-lostBefore; n > 0 || lost > 0 {
 		b.closeErr = &DrainError{Reason: ReasonShutdown, DeadLettered: int(n), Abandoned: int(b.abandoned.Load()), Lost: int(lost), Err: ctx.Err()}
 	}
+	b.logs.flush()
 	close(b.closeDone)
 	return b.closeErr
 }

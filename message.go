@@ -8,9 +8,9 @@ import (
 
 // Message is the unit the broker carries. Who owns what: Publish copies the
 // struct and nothing else, so do not modify Payload or Headers after
-// Publish. Each handler call gets its own copy of Headers (it may add trace
-// context to it; nil when published without, see the field); Payload is
-// shared by every subscriber and must be treated as read-only.
+// Publish. Each handler call gets its own Headers map, never nil (it may
+// add trace context to it); Payload is shared by every subscriber and
+// must be treated as read-only.
 type Message struct {
 	// ID identifies the message and is its idempotency key: a subscriber that
 	// has delivered an ID is not handed a copy published within the dedup
@@ -28,10 +28,11 @@ type Message struct {
 	// subscriber: read-only.
 	Payload []byte
 	// Headers carry metadata such as W3C trace context; each handler call
-	// gets its own copy, which it may modify. They are nil when the
-	// message was published without any (no map is made per delivery): a
-	// handler that adds to them assigns its own map first, which other
-	// subscribers never see. A publish hook always gets a map.
+	// (and the middleware around it) gets its own copy, never nil — an
+	// empty map when the message was published without headers — which it
+	// may write to and keep; other subscribers and later attempts never
+	// see the writes. A dead letter keeps the headers as published. A
+	// publish hook always gets a map.
 	Headers map[string]string
 	// Attempt is set by the broker on each delivery: 1 for the first.
 	Attempt int

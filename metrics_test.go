@@ -276,7 +276,7 @@ func TestSubscriberObserver(t *testing.T) {
 			bubble(t, func(t *testing.T) {
 				so := &scopedLog{mode: mode, scopes: map[string]*eventLog{}}
 				var plain eventLog
-				b := newTestBroker(t, WithObserver(so, &plain), WithRetryPolicy(RetryPolicy{MaxRetries: 0}))
+				b := newTestBroker(t, WithObserver(so, &plain), WithRetryPolicy(RetryPolicy{MaxRetries: NoRetries}))
 				for _, name := range []string{"a", "b"} {
 					_, err := b.Subscribe("t", name, func(_ context.Context, m Message) error {
 						if m.ID == "bad" {

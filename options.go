@@ -8,7 +8,13 @@ import (
 
 // Defaults and limits of the broker's options.
 const (
-	DefaultQueueSize      = 1024                   // per-topic queue, and per-subscriber lane, capacity
+	DefaultQueueSize = 1024 // per-topic queue capacity
+	// DefaultLaneSize is a subscriber lane's capacity unless WithQueueSize
+	// or LaneSize says otherwise: what a subscriber whose dependency is
+	// down parks at 1,000 messages/s under the default retry policy (up to
+	// 6.2 s of backoff per message) fits in it, so its neighbours on the
+	// topic never wait for it.
+	DefaultLaneSize       = 8192
 	DefaultPublishTimeout = 500 * time.Millisecond // longest Publish waits for room
 	MaxQueueSize          = 1 << 30                // largest queue or lane capacity
 )
@@ -20,6 +26,7 @@ type Option func(*config) error
 // config is what New builds from its options.
 type config struct {
 	queueSize      int
+	laneSize       int // default lane capacity
 	publishTimeout time.Duration
 	policy         RetryPolicy
 	dlq            DeadLetterStore
@@ -35,27 +42,34 @@ type config struct {
 func defaultConfig() config {
 	return config{
 		queueSize:      DefaultQueueSize,
+		laneSize:       DefaultLaneSize,
 		publishTimeout: DefaultPublishTimeout,
 		policy:         DefaultRetryPolicy(),
 	}
 }
 
 // WithQueueSize sets the capacity of each topic queue and the default
-// capacity of each subscriber lane (1 <= n <= MaxQueueSize; default
-// DefaultQueueSize). Queues grow to their capacity as they fill.
+// capacity of each subscriber lane, n for both (1 <= n <= MaxQueueSize;
+// default DefaultQueueSize for the queues and DefaultLaneSize for the
+// lanes). Queues and lanes grow to their capacity as they fill.
 func WithQueueSize(n int) Option {
 	return func(c *config) error {
 		if n < 1 || n > MaxQueueSize {
 			return fmt.Errorf("%w: queue size %d outside 1..%d", ErrInvalidOption, n, MaxQueueSize)
 		}
 		c.queueSize = n
+		c.laneSize = n
 		return nil
 	}
 }
 
 // WithPublishTimeout sets how long Publish waits for room in a full queue
 // before it returns ErrQueueFull; 0 fails at once (default
-// DefaultPublishTimeout). Negative durations are refused.
+// DefaultPublishTimeout). Negative durations are refused. A producer
+// faster than a subscriber under Block fills that subscriber's lane, then
+// the topic queue; from then on each Publish waits up to this long for
+// room, and is refused when none comes: backpressure slows a producer
+// before it refuses one.
 func WithPublishTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 {
@@ -107,6 +121,23 @@ func WithIdempotencyStore(s IdempotencyStore) Option {
 
 // WithLogger sets the logger (default slog.Default()). nil is refused; use
 // slog.New(slog.DiscardHandler) for none.
+//
+// What the broker logs by default, so that no mistake is silent and no
+// flood drowns the log:
+//   - a dead letter: one Warn line with every contract field, up to 10 a
+//     second per subscriber and reason; past that, one Warn summary line
+//     a second with the count. A dead letter the store refused is logged
+//     at Error, every one, never folded into a summary.
+//   - a message published to a topic without a subscriber (counted
+//     Unrouted): Info, with the hint "subscribe before publishing";
+//   - a duplicate message ID skipped at a subscriber (counted
+//     Deduplicated): Info, with the dedup window and the hint that an ID
+//     names one message, not an entity.
+//
+// Each of the last two is logged once a minute per topic (unrouted) or
+// per subscriber (duplicate), at most 10 times a minute in all; then one
+// Info summary line a minute counts the rest. The logger's level and
+// handler are how to silence them. Close logs the summaries still due.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		if l == nil || l.Handler() == nil {
@@ -171,7 +202,8 @@ func Concurrency(n int) SubscribeOption {
 
 // LaneSize sets the capacity of the subscriber's lane, the messages routed
 // to it that no worker runs now — queued, held behind their key, or parked
-// until a retry (1 <= n <= MaxQueueSize; default the broker's queue size).
+// until a retry (1 <= n <= MaxQueueSize; default DefaultLaneSize, or the
+// broker's WithQueueSize).
 // WhenLaneFull says what happens to a message that does not fit. The
 // dispatcher adds only below n; a running message that fails parks even
 // in a full lane (a retry is never dropped), so the lane may hold up to
@@ -215,8 +247,9 @@ func HandlerTimeout(d time.Duration) SubscribeOption {
 	}
 }
 
-// WithSubscriberRetryPolicy overrides the broker's retry policy for this
-// subscriber.
+// WithSubscriberRetryPolicy refines the broker's retry policy for this
+// subscriber: p's zero fields take the broker's policy's values, and its
+// ByCode rules are laid over the broker's, code by code.
 func WithSubscriberRetryPolicy(p RetryPolicy) SubscribeOption {
 	return func(c *subConfig) error {
 		if err := p.validate(); err != nil {

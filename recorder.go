@@ -19,6 +19,7 @@ type recorder struct {
 	c                 *subCounters
 	obs               Observer // nil: none
 	log               *slog.Logger
+	limits            *logLimits // rate limits of the lines that could flood log
 	dlq               DeadLetterStore
 	newID             func() string                  // dead-letter IDs
 	onDeadLetter      func(reason string, lost bool) // lost: the store refused it for good
@@ -125,7 +126,15 @@ func (r *recorder) delivered(msg *Message, t timing) {
 func (r *recorder) deduplicated(msg *Message) {
 	r.c.deduplicated.Add(1)
 	r.attempted(msg, timing{}, "", false, OutcomeDeduplicated, 0, nil)
-	if r.log.Enabled(context.Background(), slog.LevelDebug) {
+	if r.log.Enabled(context.Background(), slog.LevelInfo) && r.limits.duplicate.allow(logKey{topic: r.topic, subscriber: r.subscriber}) {
+		window := slog.String("dedup_window", "the idempotency store's")
+		if r.limits.window > 0 {
+			window = slog.Duration("dedup_window", r.limits.window)
+		}
+		r.logAttrs(slog.LevelInfo, "broker: duplicate message ID skipped: this subscriber already handled a message with this ID within the dedup window; "+
+			"an ID must name one message, not an entity (order-1001 published as paid, then as shipped, is skipped the second time)",
+			msg, fault{}, OutcomeDeduplicated, window)
+	} else if r.log.Enabled(context.Background(), slog.LevelDebug) {
 		r.logAttrs(slog.LevelDebug, "broker: duplicate skipped", msg, fault{}, OutcomeDeduplicated)
 	}
 }
@@ -179,9 +188,10 @@ func (r *recorder) deadLetterThen(msg *Message, t timing, reason string, f fault
 	}
 	level := slog.LevelWarn
 	if storeErr != nil {
-		level = slog.LevelError
+		level = slog.LevelError // never folded into a summary
 	}
-	if r.log.Enabled(context.Background(), level) {
+	if r.log.Enabled(context.Background(), level) &&
+		(storeErr != nil || r.limits.deadLetter.allow(logKey{topic: r.topic, subscriber: r.subscriber, reason: reason})) {
 		attrs := []slog.Attr{slog.String("dead_letter_id", dl.ID), slog.String("reason", reason)}
 		if storeErr != nil {
 			// Given up at a stop's deadline: the log line is all that is

@@ -138,7 +138,7 @@ func TestRedriveDuringClose(t *testing.T) {
 	for _, order := range []string{"redrive first", "close first", "redrive waiting for room"} {
 		t.Run(order, func(t *testing.T) {
 			bubble(t, func(t *testing.T) {
-				b := newTestBroker(t, WithRetryPolicy(RetryPolicy{}), WithPublishTimeout(time.Hour))
+				b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: NoRetries}), WithPublishTimeout(time.Hour))
 				var fail atomic.Bool
 				fail.Store(true)
 				_, err := b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
@@ -408,7 +408,7 @@ func TestRedriveMarkNeverShows(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		seen := &attemptsSeen{}
 		b, err := New(WithLogger(slog.New(seen)), WithObserver(seen), WithPublishTimeout(time.Second),
-			WithRetryPolicy(RetryPolicy{MaxRetries: 0}))
+			WithRetryPolicy(RetryPolicy{MaxRetries: NoRetries}))
 		require.NoError(t, err)
 		_, err = b.Subscribe("t", "s", func(ctx context.Context, m Message) error {
 			if m.ID == "block" {

@@ -3,6 +3,7 @@ package broker
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"runtime/debug"
 	"time"
@@ -21,7 +22,7 @@ import (
 const (
 	CodeError     = "error"     // any other error; retryable
 	CodeTimeout   = "timeout"   // the subscriber's HandlerTimeout passed; retryable
-	CodePanic     = "panic"     // the handler panicked; not retried unless ByCode["panic"] says so
+	CodePanic     = "panic"     // the handler panicked; retried like any error (ByCode["panic"] with NoRetries: never)
 	CodePermanent = "permanent" // Permanent(err) without its own code; never retried
 	CodeThrottled = "throttled" // RetryAfter(err, d); retried no sooner than d
 	// CodeShutdown and CodeUnsubscribed mark dead letters of messages that
@@ -33,13 +34,22 @@ const (
 	CodeOverflow = ReasonOverflow
 )
 
-// Defaults of the retry policy.
+// Defaults of the retry policy: 5 retries waiting 200 ms, 400 ms, 800 ms,
+// 1.6 s and 3.2 s (each drawn from [d/2, d] by the jitter), so a message
+// is dead-lettered 3.1 to 6.2 s after its first failure at the soonest: a
+// dependency that is down for a few seconds costs retries, not dead
+// letters.
 const (
-	DefaultMaxRetries  = 2                     // retries after the first attempt
-	DefaultBackoffBase = 50 * time.Millisecond // first retry waits about this long
-	DefaultBackoffMax  = 5 * time.Second       // no retry waits longer (RetryAfter aside)
-	maxShift           = 62                    // 1<<62 is the largest power of two in an int64
+	DefaultMaxRetries  = 5                      // retries after the first attempt
+	DefaultBackoffBase = 200 * time.Millisecond // first retry waits between half this and this
+	DefaultBackoffMax  = 10 * time.Second       // no retry waits longer (RetryAfter aside)
+	maxShift           = 62                     // 1<<62 is the largest power of two in an int64
 )
+
+// NoRetries, as RetryPolicy.MaxRetries or RetryRule.MaxRetries, means
+// never retry (any negative value does). A zero MaxRetries means "not
+// set": the default, or for a rule the policy's.
+const NoRetries = -1
 
 // Backoff returns the delay before retry number retry (1 for the first
 // retry). It must be safe for concurrent use and should be a pure function
@@ -86,29 +96,43 @@ func exponential(base, max time.Duration, retry int) time.Duration {
 }
 
 // RetryPolicy decides how often and how soon a failed delivery is retried.
-// The zero value retries nothing (MaxRetries 0); DefaultRetryPolicy returns
-// the broker's default. A policy is copied when given to the broker.
+// A field left at zero means "not set", as in net.Dialer: the zero
+// RetryPolicy is DefaultRetryPolicy(), and
+// RetryPolicy{Backoff: ConstantBackoff(10 * time.Millisecond)} changes only
+// the backoff. Never retrying is said with NoRetries.
+//
+// Given to WithSubscriberRetryPolicy, a policy refines the broker's: its
+// zero fields take the broker's policy's values, and its ByCode rules are
+// laid over the broker's, code by code. A policy is copied when given to
+// the broker.
 type RetryPolicy struct {
 	// MaxRetries is how many times a failure is retried after the first
-	// attempt, for codes without a rule in ByCode.
+	// attempt, for codes without a rule in ByCode: 0 means
+	// DefaultMaxRetries (or the broker's, for a subscriber's policy),
+	// NoRetries none. With NoRetries a retryable failure is dead-lettered
+	// at once with reason "exhausted".
 	MaxRetries int
 	// Backoff gives the delay before each retry; nil means
-	// ExponentialBackoff(DefaultBackoffBase, DefaultBackoffMax).
+	// ExponentialBackoff(DefaultBackoffBase, DefaultBackoffMax) (or the
+	// broker's, for a subscriber's policy).
 	Backoff Backoff
 	// ByCode overrides MaxRetries and Backoff for an error code.
 	ByCode map[string]RetryRule
 }
 
-// RetryRule is the retry rule for one error code. MaxRetries 0 means never
-// retry that code (it does not inherit the policy's MaxRetries).
+// RetryRule is the retry rule for one error code. A field left at zero
+// takes the policy's value; MaxRetries NoRetries declares the code not
+// worth retrying: its failures are dead-lettered at once with reason
+// "permanent".
 type RetryRule struct {
-	MaxRetries int     // retries after the first attempt for this code
+	MaxRetries int     // retries after the first attempt for this code; 0: the policy's; NoRetries: none
 	Backoff    Backoff // nil means the policy's Backoff
 }
 
-// DefaultRetryPolicy returns the policy a broker uses unless told otherwise:
-// DefaultMaxRetries retries with jittered exponential backoff from
-// DefaultBackoffBase capped at DefaultBackoffMax.
+// DefaultRetryPolicy returns the policy a broker uses unless told otherwise
+// (and what a zero RetryPolicy means): DefaultMaxRetries retries with
+// jittered exponential backoff from DefaultBackoffBase capped at
+// DefaultBackoffMax, for every code, panics included.
 func DefaultRetryPolicy() RetryPolicy {
 	return RetryPolicy{
 		MaxRetries: DefaultMaxRetries,
@@ -118,35 +142,54 @@ func DefaultRetryPolicy() RetryPolicy {
 
 // validate reports a malformed policy, wrapping ErrInvalidOption.
 func (p RetryPolicy) validate() error {
-	if p.MaxRetries < 0 {
-		return fmt.Errorf("%w: retry policy MaxRetries %d < 0", ErrInvalidOption, p.MaxRetries)
-	}
-	for code, r := range p.ByCode {
+	for code := range p.ByCode {
 		if code == "" {
 			return fmt.Errorf("%w: retry rule for an empty error code", ErrInvalidOption)
-		}
-		if r.MaxRetries < 0 {
-			return fmt.Errorf("%w: retry rule %q MaxRetries %d < 0", ErrInvalidOption, code, r.MaxRetries)
 		}
 	}
 	return nil
 }
 
-// normalized returns a copy whose Backoff is set and whose ByCode map is
-// private to the broker, so later changes by the caller have no effect.
-func (p RetryPolicy) normalized() RetryPolicy {
-	if p.Backoff == nil {
-		p.Backoff = ExponentialBackoff(DefaultBackoffBase, DefaultBackoffMax)
+// over returns p refined over base: p's zero fields take base's values,
+// and its ByCode rules are laid over base's, code by code, in a new map
+// (so later changes by the caller have no effect). The rules keep their
+// zero fields; normalized resolves them.
+func (p RetryPolicy) over(base RetryPolicy) RetryPolicy {
+	if p.MaxRetries == 0 {
+		p.MaxRetries = base.MaxRetries
 	}
-	if p.ByCode != nil {
-		byCode := make(map[string]RetryRule, len(p.ByCode))
-		for code, r := range p.ByCode {
-			if r.Backoff == nil {
-				r.Backoff = p.Backoff
-			}
-			byCode[code] = r
-		}
+	if p.Backoff == nil {
+		p.Backoff = base.Backoff
+	}
+	if len(base.ByCode)+len(p.ByCode) > 0 {
+		byCode := make(map[string]RetryRule, len(base.ByCode)+len(p.ByCode))
+		maps.Copy(byCode, base.ByCode)
+		maps.Copy(byCode, p.ByCode)
 		p.ByCode = byCode
+	} else {
+		p.ByCode = nil
+	}
+	return p
+}
+
+// normalized returns p over the defaults, each rule's zero fields taken
+// from the policy and the ByCode map private: the policy a delivery
+// decides by. A rule that inherits a policy-wide NoRetries is dropped (its
+// code is then exhausted at once like any other, not declared permanent).
+func (p RetryPolicy) normalized() RetryPolicy {
+	p = p.over(DefaultRetryPolicy())
+	for code, r := range p.ByCode {
+		if r.MaxRetries == 0 {
+			if p.MaxRetries < 0 {
+				delete(p.ByCode, code)
+				continue
+			}
+			r.MaxRetries = p.MaxRetries
+		}
+		if r.Backoff == nil {
+			r.Backoff = p.Backoff
+		}
+		p.ByCode[code] = r
 	}
 	return p
 }
@@ -162,10 +205,11 @@ type verdict struct {
 // attempt (1 for the first). Attempts stay within 1..MaxRetries+1 of the
 // rule that applies to f's code.
 //
-// A failure is retryable unless it is Permanent, a panic without a rule, or
-// its code has a rule with MaxRetries 0 (the code is declared not worth
-// retrying). A retryable failure whose attempts are used up — including
-// under a policy-wide MaxRetries of 0 — is "exhausted", not "permanent".
+// A failure is retryable unless it is Permanent or its code has a rule
+// with NoRetries (the code is declared not worth retrying); a panic is
+// retryable like any error. A retryable failure whose attempts are used
+// up — including under a policy-wide NoRetries — is "exhausted", not
+// "permanent".
 func (p *RetryPolicy) decide(f failure, attempt int) verdict {
 	return p.decideWith(f, attempt, func(b Backoff, retry int) time.Duration { return b(retry) })
 }
@@ -180,9 +224,7 @@ func (p *RetryPolicy) decideWith(f failure, attempt int, call func(Backoff, int)
 	retryable := true
 	if r, ok := p.ByCode[f.code]; ok {
 		maxRetries, backoff = r.MaxRetries, r.Backoff
-		retryable = maxRetries > 0
-	} else if f.code == CodePanic {
-		return verdict{}
+		retryable = maxRetries >= 0
 	}
 	v := verdict{retryable: retryable, retry: retryable && attempt <= maxRetries}
 	if v.retry {

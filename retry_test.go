@@ -68,9 +68,10 @@ func TestDecide(t *testing.T) {
 		MaxRetries: 2,
 		Backoff:    ConstantBackoff(time.Second),
 		ByCode: map[string]RetryRule{
-			"never":       {MaxRetries: 0},
+			"never":       {MaxRetries: NoRetries},
 			"often":       {MaxRetries: 5, Backoff: ConstantBackoff(time.Minute)},
 			"inherit":     {MaxRetries: 1},
+			"zero count":  {Backoff: ConstantBackoff(time.Minute)},
 			CodePermanent: {MaxRetries: 9},
 		},
 	}.normalized()
@@ -89,7 +90,10 @@ func TestDecide(t *testing.T) {
 		{"rule often exhausted", failure{code: "often"}, 6, verdict{retryable: true}},
 		{"rule inherits backoff", failure{code: "inherit"}, 1, verdict{retryable: true, retry: true, delay: time.Second}},
 		{"permanent ignores rules", failure{code: CodePermanent, permanent: true}, 1, verdict{}},
-		{"panic not retried by default", failure{code: CodePanic}, 1, verdict{}},
+		{"rule inherits the count", failure{code: "zero count"}, 2, verdict{retryable: true, retry: true, delay: time.Minute}},
+		{"rule inherits the count, exhausted", failure{code: "zero count"}, 3, verdict{retryable: true}},
+		{"panic retried under the policy", failure{code: CodePanic}, 1, verdict{retryable: true, retry: true, delay: time.Second}},
+		{"panic exhausted", failure{code: CodePanic}, 3, verdict{retryable: true}},
 		{"retry after longer than backoff", failure{code: CodeThrottled, after: time.Hour}, 1, verdict{retryable: true, retry: true, delay: time.Hour}},
 	}
 	for _, tt := range tests {
@@ -102,6 +106,7 @@ func TestDecide(t *testing.T) {
 func TestPolicyIsCopied(t *testing.T) {
 	byCode := map[string]RetryRule{"x": {MaxRetries: 1}}
 	p := RetryPolicy{MaxRetries: 0, ByCode: byCode}.normalized()
+	assert.Equal(t, DefaultMaxRetries, p.MaxRetries, "zero MaxRetries is the default")
 	byCode["x"] = RetryRule{MaxRetries: 7}
 	byCode["y"] = RetryRule{MaxRetries: 7}
 	assert.Equal(t, 1, p.ByCode["x"].MaxRetries)
@@ -163,8 +168,9 @@ func TestPolicyValidation(t *testing.T) {
 	}{
 		{"zero", RetryPolicy{}, true},
 		{"default", DefaultRetryPolicy(), true},
-		{"negative", RetryPolicy{MaxRetries: -1}, false},
-		{"negative rule", RetryPolicy{ByCode: map[string]RetryRule{"x": {MaxRetries: -1}}}, false},
+		{"no retries", RetryPolicy{MaxRetries: NoRetries}, true},
+		{"any negative", RetryPolicy{MaxRetries: -9}, true},
+		{"rule without retries", RetryPolicy{ByCode: map[string]RetryRule{"x": {MaxRetries: NoRetries}}}, true},
 		{"empty code", RetryPolicy{ByCode: map[string]RetryRule{"": {}}}, false},
 	}
 	for _, tt := range tests {

@@ -68,7 +68,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	case h == nil:
 		return nil, fmt.Errorf("%w: subscribe %q to %q: nil handler", ErrInvalidOption, name, topicName)
 	}
-	sc := subConfig{concurrency: 1, laneSize: b.cfg.queueSize}
+	sc := subConfig{concurrency: 1, laneSize: b.cfg.laneSize}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -79,8 +79,9 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	}
 	policy := b.cfg.policy
 	if sc.policy != nil {
-		policy = sc.policy.normalized()
+		policy = sc.policy.over(policy)
 	}
+	policy = policy.normalized()
 	h, err := chain(b.guard, SubscriberInfo{Topic: topicName, Name: name}, h, b.cfg.middleware, sc.middleware)
 	if err != nil {
 		return nil, fmt.Errorf("%w (subscribe %q to %q)", err, name, topicName)

@@ -242,7 +242,7 @@ func (b *Broker) remoteOutcome(ctx context.Context, msg Message, err error) erro
 // subscribeRemote subscribes through the transport.
 func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy RetryPolicy, h Handler, obs Observer) (*Subscription, error) {
 	switch {
-	case sc.laneSize != b.cfg.queueSize:
+	case sc.laneSize != b.cfg.laneSize:
 		return nil, fmt.Errorf("%w: LaneSize is the in-memory transport's (subscribe %q to %q)", ErrInvalidOption, name, topicName)
 	case sc.whenFull != Block:
 		return nil, fmt.Errorf("%w: WhenLaneFull is the in-memory transport's (subscribe %q to %q)", ErrInvalidOption, name, topicName)
@@ -293,7 +293,7 @@ func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy Re
 
 // maxAttempts is the most attempts the policy allows any code.
 func (p RetryPolicy) maxAttempts() int {
-	n := p.MaxRetries
+	n := max(p.MaxRetries, 0)
 	for _, r := range p.ByCode {
 		n = max(n, r.MaxRetries)
 	}

@@ -235,7 +235,8 @@ func TestTransportDeliveryOutcomes(t *testing.T) {
 		{"exhausted", func(Message) error { return codedError{"db"} },
 			[]string{"retry m#1 10ms", "retry m#2 10ms", "term m#3 exhausted"}, ReasonExhausted},
 		{"permanent", func(Message) error { return Permanent(perm) }, []string{"term m#1 permanent"}, ReasonPermanent},
-		{"panic", func(Message) error { panic("boom") }, []string{"term m#1 permanent"}, ReasonPermanent},
+		{"panic", func(Message) error { panic("boom") },
+			[]string{"retry m#1 10ms", "retry m#2 10ms", "term m#3 exhausted"}, ReasonExhausted},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -649,7 +650,7 @@ func TestTransportRunsMiddlewareAndHooks(t *testing.T) {
 func TestTransportHandlerGoexit(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		tr := newFakeTransport()
-		b := newTransportBroker(t, tr)
+		b := newTransportBroker(t, tr, WithRetryPolicy(RetryPolicy{MaxRetries: NoRetries}))
 		_, err := b.Subscribe("t", "s", func(_ context.Context, m Message) error {
 			if m.ID == "exit" {
 				runtime.Goexit()
@@ -660,7 +661,7 @@ func TestTransportHandlerGoexit(t *testing.T) {
 		require.NoError(t, b.Publish(context.Background(), Message{ID: "exit", Topic: "t"}))
 		require.NoError(t, b.Publish(context.Background(), Message{ID: "ok", Topic: "t"}))
 		idle()
-		assert.Equal(t, []string{"term exit#1 permanent", "ack ok#1"}, tr.log())
+		assert.Equal(t, []string{"term exit#1 exhausted", "ack ok#1"}, tr.log())
 		dls := deadLetters(t, b)
 		require.Len(t, dls, 1)
 		assert.Equal(t, CodePanic, dls[0].ErrorCode)

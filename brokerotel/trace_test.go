@@ -217,7 +217,7 @@ func TestFailedAttempt(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t, brokerotel.Options{})
-			b := e.broker(t, broker.WithRetryPolicy(broker.RetryPolicy{})) // no retries
+			b := e.broker(t, broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: broker.NoRetries})) // no retries
 			_, err := b.Subscribe("orders", "billing", tt.handler, tt.opts...)
 			require.NoError(t, err)
 			require.NoError(t, b.Publish(context.Background(), broker.Message{ID: "m1", Topic: "orders"}))
@@ -280,7 +280,7 @@ func TestPanickingInnerMiddleware(t *testing.T) {
 	inner := func(broker.SubscriberInfo, broker.Handler) broker.Handler {
 		return func(context.Context, broker.Message) error { panic("middleware bug") }
 	}
-	b := e.broker(t, broker.WithMiddleware(inner), broker.WithRetryPolicy(broker.RetryPolicy{}))
+	b := e.broker(t, broker.WithMiddleware(inner), broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: broker.NoRetries}))
 	_, err := b.Subscribe("orders", "billing", func(context.Context, broker.Message) error { return nil })
 	require.NoError(t, err)
 	require.NoError(t, b.Publish(context.Background(), broker.Message{ID: "m1", Topic: "orders"}))
@@ -297,7 +297,7 @@ func TestPanickingInnerMiddleware(t *testing.T) {
 // panic, and its duration recorded.
 func TestHandlerGoexit(t *testing.T) {
 	e := newEnv(t, brokerotel.Options{})
-	b := e.broker(t, broker.WithRetryPolicy(broker.RetryPolicy{}))
+	b := e.broker(t, broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: broker.NoRetries}))
 	_, err := b.Subscribe("orders", "billing", func(context.Context, broker.Message) error {
 		runtime.Goexit()
 		return nil

@@ -56,13 +56,15 @@ import (
 //   - Retry/Attempts: a handler failing twice then succeeding sees attempts
 //     1, 2, 3 and leaves no dead letter.
 //   - Retry/ByCode/*: RetryPolicy.ByCode rules set the attempts of their
-//     codes (more retries, MaxRetries 0 = never), other codes follow the
-//     policy.
+//     codes (more retries; NoRetries = never, reason "permanent"; a rule
+//     that sets only its backoff keeps the policy's MaxRetries), other
+//     codes follow the policy.
 //   - Retry/RetryAfter: broker.RetryAfter(err, d) delays the next attempt by
 //     at least d.
 //   - DeadLetter/*: a permanent error (one attempt, reason "permanent"),
 //     exhausted retries (MaxRetries+1 attempts, "exhausted"), a panic (code
-//     "panic") and an ErrorCoder's code end in one dead letter with every
+//     "panic", retried like any error: "exhausted") and an ErrorCoder's
+//     code end in one dead letter with every
 //     field: ID, Message (payload, headers, last Attempt, PublishedAt),
 //     Subscriber, Attempts, ErrorCode, Error, Retryable, Reason, FailedAt.
 //   - Dedup: a message ID published again after it was delivered is not

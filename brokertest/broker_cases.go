@@ -124,7 +124,8 @@ func (s *bSuite) retryByCode(t tb) {
 		Backoff:    broker.ConstantBackoff(10 * time.Millisecond),
 		ByCode: map[string]broker.RetryRule{
 			"flaky": {MaxRetries: 3},
-			"fatal": {MaxRetries: 0},
+			"fatal": {MaxRetries: broker.NoRetries},
+			"slow":  {Backoff: broker.ConstantBackoff(20 * time.Millisecond)}, // the policy's MaxRetries
 		},
 	}
 	for _, c := range []struct {
@@ -133,7 +134,8 @@ func (s *bSuite) retryByCode(t tb) {
 		retryable          bool
 	}{
 		{"rule with more retries", "flaky", broker.ReasonExhausted, 4, true},
-		{"rule of zero retries", "fatal", broker.ReasonPermanent, 1, false},
+		{"rule without retries", "fatal", broker.ReasonPermanent, 1, false},
+		{"rule that sets only the backoff", "slow", broker.ReasonExhausted, 2, true},
 		{"code without a rule", "other", broker.ReasonExhausted, 2, true},
 	} {
 		t.run(c.name, func(t tb) {
@@ -153,7 +155,7 @@ func (s *bSuite) retryByCode(t tb) {
 				want[i] = i + 1
 			}
 			if got := e.attempts("s", "m-1"); !slices.Equal(got, want) {
-				t.Errorf("code %q: attempts %v, want %v (policy MaxRetries 1, ByCode flaky 3, fatal 0)", c.code, got, want)
+				t.Errorf("code %q: attempts %v, want %v (policy MaxRetries 1, ByCode flaky 3, fatal NoRetries, slow the policy's)", c.code, got, want)
 			}
 			dl := dls[0]
 			if dl.Attempts != c.attempts || dl.ErrorCode != c.code || dl.Reason != c.reason || dl.Retryable != c.retryable {
@@ -210,7 +212,7 @@ func (s *bSuite) deadLetter(t tb) {
 		}, 3, broker.CodeError, broker.ReasonExhausted, true, "db down"},
 		{"panic", func(context.Context, broker.Message) error {
 			panic("boom")
-		}, 1, broker.CodePanic, broker.ReasonPermanent, false, "boom"},
+		}, 3, broker.CodePanic, broker.ReasonExhausted, true, "boom"}, // retried like any error
 		{"error code", func(context.Context, broker.Message) error {
 			return codeError{"quota", "quota exceeded"}
 		}, 3, "quota", broker.ReasonExhausted, true, "quota exceeded"},

@@ -119,7 +119,7 @@ func brokerFaults() []fault {
 		brokerFault("middleware detaches the context", memBroker(broker.WithMiddleware(detach)), "Close/CancelsHandlers"),
 		brokerFault("middleware flattens errors", memBroker(broker.WithMiddleware(flatten)),
 			"DeadLetter/permanent", "DeadLetter/panic", "DeadLetter/error code", "Retry/RetryAfter",
-			"Retry/ByCode/rule with more retries", "Retry/ByCode/rule of zero retries", "Retry/ByCode/code without a rule",
+			"Retry/ByCode/rule with more retries", "Retry/ByCode/rule without retries", "Retry/ByCode/code without a rule",
 			"Middleware"),
 		brokerFault("transport loses retries", fakeBroker(trFaults{loseRetries: true}),
 			"Retry/Attempts", "Retry/ByCode/rule with more retries", "Retry/ByCode/code without a rule", "Retry/RetryAfter",

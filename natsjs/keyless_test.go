@@ -154,7 +154,7 @@ func TestOneIDAtATime(t *testing.T) {
 // server, counted beyond the policy and dead-lettered).
 func TestKeylessQueueKeptAlive(t *testing.T) {
 	r := newRig(t, embedded(t, ""), true, []natsjs.TransportOption{natsjs.WithAckWait(500 * time.Millisecond)},
-		broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 0}))
+		broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: broker.NoRetries}))
 	c := &calls{}
 	r.subscribe(t, "slowq", "s", c.handler("", func(context.Context, broker.Message) error {
 		time.Sleep(150 * time.Millisecond)
@@ -223,7 +223,7 @@ func TestOrderedMustAgree(t *testing.T) {
 // hold up no keyed message.
 func TestKeylessRedriveHoldsNoPartition(t *testing.T) {
 	r := newRig(t, embedded(t, ""), false, nil,
-		broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 0}))
+		broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: broker.NoRetries}))
 	var fail atomic.Bool
 	fail.Store(true)
 	c := &calls{}
@@ -301,7 +301,7 @@ func TestKeylessNeedsTheKeylessConsumer(t *testing.T) {
 // its only attempt (MaxRetries 0) and be dead-lettered without running, as
 // 64 queued messages of 50 ms did.
 func TestKeylessQueueDrainsAtAStop(t *testing.T) {
-	r := newRig(t, embedded(t, ""), true, nil, broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: 0}))
+	r := newRig(t, embedded(t, ""), true, nil, broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: broker.NoRetries}))
 	var mu sync.Mutex
 	ran := map[string]int{}
 	h := func(ctx context.Context, m broker.Message) error {

@@ -46,7 +46,7 @@ func TestTransportOutcomes(t *testing.T) {
 		}, []int{1, 2, 3}, "", ""},
 		{"exhausted", func(broker.Message) error { return codeErr{"db"} }, []int{1, 2, 3}, "db", broker.ReasonExhausted},
 		{"permanent", func(broker.Message) error { return broker.Permanent(errors.New("bad input")) }, []int{1}, broker.CodePermanent, broker.ReasonPermanent},
-		{"panic", func(broker.Message) error { panic("boom") }, []int{1}, broker.CodePanic, broker.ReasonPermanent},
+		{"panic", func(broker.Message) error { panic("boom") }, []int{1, 2, 3}, broker.CodePanic, broker.ReasonExhausted}, // retried like any error
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -55,7 +55,7 @@ func checkFault(ctx context.Context, cfg *config, r *result) {
 		broker.WithQueueSize(f.Queue),
 		broker.WithPublishTimeout(f.PublishTimeout),
 		broker.WithRetryPolicy(broker.RetryPolicy{
-			MaxRetries: f.MaxRetries,
+			MaxRetries: retries(f.MaxRetries),
 			Backoff:    broker.ExponentialBackoff(faultBackoffBase, faultBackoffMax),
 		}),
 		broker.WithLogger(discard),
@@ -269,4 +269,13 @@ func errNote(err error) string {
 		return ""
 	}
 	return "; first: " + err.Error()
+}
+
+// retries is the policy's MaxRetries for -fault-retries n: 0 is
+// broker.NoRetries (a zero MaxRetries would mean the default).
+func retries(n int) int {
+	if n == 0 {
+		return broker.NoRetries
+	}
+	return n
 }
