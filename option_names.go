@@ -1,8 +1,8 @@
 package broker
 
 // Retries sets this subscriber's retry policy, refining the broker's
-// (WithRetryPolicy): see RetryPolicy for what its zero fields and its
-// ByCode rules mean.
+// (WithRetryPolicy): p's zero fields take the broker's policy's values,
+// and its ByCode rules are laid over the broker's, code by code.
 func Retries(p RetryPolicy) SubscribeOption { return WithSubscriberRetryPolicy(p) }
 
 // HandlerMiddleware wraps this subscriber's handler in mw, in the order
