@@ -60,6 +60,9 @@ func (t *topic) holder() string {
 	if s == nil {
 		return ""
 	}
+	if l := s.lane; l.ready < l.capacity {
+		return fmt.Sprintf(": subscriber %q holds it, its lane has %d messages ready to run, the most it takes (of %d in all, retries included) (Stats: BlockedOn; LaneSize, WhenLaneFull)", s.name, l.ready, l.capacity)
+	}
 	return fmt.Sprintf(": subscriber %q holds it, its lane of %d is full (Stats: BlockedOn; LaneSize, WhenLaneFull)", s.name, s.lane.capacity)
 }
 

@@ -105,8 +105,17 @@ type lane struct {
 	mu       sync.Mutex
 	work     sync.Cond // workers wait here for a message
 	capacity int
-	policy   FullLanePolicy
-	ordered  bool // keyless messages share one ordering key
+	// ready is the most messages that may wait ready to run (queued or
+	// local) when the dispatcher adds one; the rest of the capacity is
+	// room for parked retries and messages held behind their key. The
+	// default lane is 8,192 with 1,024 ready: a failing subscriber parks
+	// what arrives at 1,000 messages/s through the default retries, while
+	// a slow one buffers no more ready work than the topic queue does (8,192
+	// ready made W3 about 24% slower than 1,024, bench/ab.sh HEAD
+	// 'Workloads/W3/broker$' 300000x 8, p=0.007: memory, no gain).
+	ready   int
+	policy  FullLanePolicy
+	ordered bool // keyless messages share one ordering key
 
 	queued fifo.Ring[laneItem]
 	keys   map[string]*fifo.Ring[laneItem] // held ordering keys → the messages waiting behind (nil: none)
@@ -177,9 +186,9 @@ type shedKey struct {
 // laneBatch is the most messages a worker takes under one lock.
 const laneBatch = 64
 
-func newLane(capacity, workers int, policy FullLanePolicy, ordered bool, br *breaker, limited bool) *lane {
+func newLane(capacity, ready, workers int, policy FullLanePolicy, ordered bool, br *breaker, limited bool) *lane {
 	l := &lane{
-		capacity: capacity, policy: policy, ordered: ordered, br: br,
+		capacity: capacity, ready: min(ready, capacity), policy: policy, ordered: ordered, br: br,
 		batch:  laneBatch,
 		keys:   make(map[string]*fifo.Ring[laneItem]),
 		parked: make(map[*parked]struct{}),
@@ -213,6 +222,12 @@ func (l *lane) waitingLocked() int {
 	return l.queued.Len() + l.held + len(l.parked) + int(l.local.Load())
 }
 
+// fullLocked reports that the dispatcher may not add a message: the lane
+// holds its capacity, or its most ready messages.
+func (l *lane) fullLocked() bool {
+	return l.waitingLocked() >= l.capacity || l.queued.Len()+int(l.local.Load()) >= l.ready
+}
+
 // doneLocked reports that a closed lane has nothing left to do.
 func (l *lane) doneLocked() bool {
 	return l.closed && l.waitingLocked() == 0 && l.overflowed.Len() == 0 && !l.shedding && l.running.Load() == 0
@@ -238,7 +253,7 @@ func (l *lane) pushLocked(it laneItem, noShed bool) error {
 	if l.closed || l.stopped {
 		return queue.ErrClosed
 	}
-	if l.waitingLocked() >= l.capacity {
+	if l.fullLocked() {
 		if noShed || l.policy == Block || l.overflowed.Len() >= l.capacity {
 			return queue.ErrFull
 		}
@@ -375,7 +390,7 @@ func (l *lane) pushN(envs []envelope) (int, error) {
 	if l.closed || l.stopped {
 		return 0, queue.ErrClosed
 	}
-	k := min(len(envs), max(l.capacity-l.waitingLocked(), 0))
+	k := min(len(envs), max(l.capacity-l.waitingLocked(), 0), max(l.ready-l.queued.Len()-int(l.local.Load()), 0))
 	queued := l.queued.Len()
 	for i := range envs[:k] {
 		env := &envs[i]
@@ -531,7 +546,7 @@ func (l *lane) pushWait(it laneItem, noShed bool, stop1, stop2 <-chan struct{}, 
 
 // roomLocked wakes the producers waiting for room, if there is some.
 func (l *lane) roomLocked() {
-	if l.room != nil && l.waitingLocked() < l.capacity {
+	if l.room != nil && !l.fullLocked() {
 		l.openRoomLocked()
 	}
 }

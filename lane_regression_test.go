@@ -239,7 +239,7 @@ func TestLaneStartPushWaitRace(t *testing.T) {
 	var shed atomic.Int64
 	lost := 0
 	for i := 0; i < 50000 && lost == 0; i++ {
-		l := newLane(1, 1, Block, false, nil, false)
+		l := newLane(1, 1, 1, Block, false, nil, false)
 		l.routed, l.shed = &routed, &shed
 		if err := l.push(laneItem{env: envelope{msg: Message{ID: "a"}}}, false); err != nil {
 			t.Fatal(err)

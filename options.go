@@ -13,7 +13,11 @@ const (
 	// or LaneSize says otherwise: what a subscriber whose dependency is
 	// down parks at 1,000 messages/s under the default retry policy (up to
 	// 6.2 s of backoff per message) fits in it, so its neighbours on the
-	// topic never wait for it.
+	// topic never wait for it. Of the default lane, at most
+	// DefaultQueueSize messages wait ready to run: the rest is room for
+	// parked retries and messages held behind their Key, so a subscriber
+	// that is only slow holds up its topic after DefaultQueueSize ready
+	// messages, not DefaultLaneSize.
 	DefaultLaneSize       = 8192
 	DefaultPublishTimeout = 500 * time.Millisecond // longest Publish waits for room
 	MaxQueueSize          = 1 << 30                // largest queue or lane capacity
@@ -27,6 +31,7 @@ type Option func(*config) error
 type config struct {
 	queueSize      int
 	laneSize       int // default lane capacity
+	laneReady      int // default most messages of a lane ready to run
 	publishTimeout time.Duration
 	policy         RetryPolicy
 	dlq            DeadLetterStore
@@ -43,6 +48,7 @@ func defaultConfig() config {
 	return config{
 		queueSize:      DefaultQueueSize,
 		laneSize:       DefaultLaneSize,
+		laneReady:      DefaultQueueSize,
 		publishTimeout: DefaultPublishTimeout,
 		policy:         DefaultRetryPolicy(),
 	}
@@ -51,7 +57,8 @@ func defaultConfig() config {
 // WithQueueSize sets the capacity of each topic queue and the default
 // capacity of each subscriber lane, n for both (1 <= n <= MaxQueueSize;
 // default DefaultQueueSize for the queues and DefaultLaneSize for the
-// lanes). Queues and lanes grow to their capacity as they fill.
+// lanes, of which DefaultQueueSize ready to run). Queues and lanes grow to
+// their capacity as they fill.
 func WithQueueSize(n int) Option {
 	return func(c *config) error {
 		if n < 1 || n > MaxQueueSize {
@@ -59,6 +66,7 @@ func WithQueueSize(n int) Option {
 		}
 		c.queueSize = n
 		c.laneSize = n
+		c.laneReady = n
 		return nil
 	}
 }
@@ -171,6 +179,7 @@ type SubscribeOption func(*subConfig) error
 type subConfig struct {
 	concurrency int
 	laneSize    int
+	laneReady   int
 	timeout     time.Duration
 	policy      *RetryPolicy
 	ordered     bool
@@ -203,7 +212,8 @@ func Concurrency(n int) SubscribeOption {
 // LaneSize sets the capacity of the subscriber's lane, the messages routed
 // to it that no worker runs now — queued, held behind their key, or parked
 // until a retry (1 <= n <= MaxQueueSize; default DefaultLaneSize, or the
-// broker's WithQueueSize).
+// broker's WithQueueSize). All n may be ready to run (the default lane
+// takes at most DefaultQueueSize ready ones: see DefaultLaneSize).
 // WhenLaneFull says what happens to a message that does not fit. The
 // dispatcher adds only below n; a running message that fails parks even
 // in a full lane (a retry is never dropped), so the lane may hold up to
@@ -214,6 +224,7 @@ func LaneSize(n int) SubscribeOption {
 			return fmt.Errorf("%w: lane size %d outside 1..%d", ErrInvalidOption, n, MaxQueueSize)
 		}
 		c.laneSize = n
+		c.laneReady = n
 		return nil
 	}
 }

@@ -68,7 +68,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	case h == nil:
 		return nil, fmt.Errorf("%w: subscribe %q to %q: nil handler", ErrInvalidOption, name, topicName)
 	}
-	sc := subConfig{concurrency: 1, laneSize: b.cfg.laneSize}
+	sc := subConfig{concurrency: 1, laneSize: b.cfg.laneSize, laneReady: b.cfg.laneReady}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -122,7 +122,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	if sc.breaker != nil {
 		br = newBreaker(*sc.breaker)
 	}
-	s.lane = newLane(sc.laneSize, sc.concurrency, sc.whenFull, sc.ordered, br, sc.rate > 0)
+	s.lane = newLane(sc.laneSize, sc.laneReady, sc.concurrency, sc.whenFull, sc.ordered, br, sc.rate > 0)
 	s.lane.shed, s.lane.routed = &c.inFlight, &c.routed
 	s.lane.onBreaker = s.breakerChanged
 	s.lane.startShedder = s.startShedder
