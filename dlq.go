@@ -113,16 +113,17 @@ type DeadLetterStore interface {
 	Len(ctx context.Context) (int, error)
 }
 
+// How it is kept: dead letters sit in a ring in the order they were put,
+// with an index by ID; Delete leaves a hole that is dropped when it
+// reaches the front, or when holes outnumber the dead letters. So a Put
+// allocates nothing in the steady state, which matters to a subscriber
+// that sheds every message (its shedder puts a dead letter per message).
+
 // MemoryDeadLetterStore is the default DeadLetterStore: bounded, in memory,
 // oldest first. When full, Put evicts the oldest dead letter, logs it at
 // Warn level (10 lines a second, then one summary line a second with the
-// count) and counts it (Evicted). It is safe for concurrent use.
-//
-// Dead letters sit in a ring in the order they were put, with an index by
-// ID; Delete leaves a hole that is dropped when it reaches the front, or
-// when holes outnumber the dead letters. So a Put allocates nothing in the
-// steady state: a failing subscriber that sheds every message (W7) has its
-// shedder goroutine put a dead letter per message.
+// count) and counts it (Evicted). It is safe for concurrent use, and a
+// Put allocates nothing in the steady state.
 type MemoryDeadLetterStore struct {
 	capacity int
 	logger   *slog.Logger

@@ -27,13 +27,11 @@
 //
 // Publish validates the message and puts it into its topic's bounded queue;
 // nothing else ("published" means "queued", never "handled"). One
-// dispatcher goroutine per topic takes messages in FIFO order, up to 64
-// under one lock, and copies each into the lane of every subscriber. Each
-// subscriber's workers take messages from its lane (a lone worker up to 64
-// under one lock, several one at a time) and run the delivery pipeline:
-// dedup check, attempt
-// (handler with deadline and panic recovery), classify the error, park for
-// a retry or dead-letter, record stats, logs and observer events.
+// dispatcher goroutine per topic takes messages in FIFO order and copies
+// each into the lane of every subscriber. Each subscriber's workers take
+// messages from its lane and run the delivery pipeline: dedup check,
+// attempt (handler with deadline and panic recovery), classify the error,
+// park for a retry or dead-letter, record stats, logs and observer events.
 // [Broker.PublishBatch] publishes many messages at once, each as Publish
 // would, saying which were refused ([BatchError]).
 //

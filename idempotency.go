@@ -52,10 +52,25 @@ type IdempotencyStore interface {
 	Record(ctx context.Context, k DeliveryKey) error
 }
 
+// How the table works: it is set-associative with two choices: a key's
+// hash picks two buckets of four entries (one cache line each); a lookup
+// checks both, and a new entry takes an empty slot of the emptier bucket,
+// or else replaces the oldest of the eight. So a lookup touches two cache
+// lines and allocates nothing, and the bound is exact. Entries are read
+// and written with atomic operations. A tag is 63 bits of the key's hash,
+// so a lookup comparing eight entries mistakes a key for another with a
+// probability of about 2^-60.
+//
+// Why not a plain map under a mutex: that version (64 shards of a map with
+// a ring each, keys as 128-bit hashes) was much slower end to end, from
+// the extra cache misses of the map's lookup, insert and eviction and from
+// workers of different subscribers meeting on the shard locks; the
+// measurements are in CONTRIBUTING.md ("Clever parts and the simplicity
+// rule").
+
 // MemoryIdempotencyStore is the default IdempotencyStore: an in-memory
-// window bounded both in time and in entries (a fixed table allocated
-// once). It is safe for concurrent use and takes no lock: entries are read
-// and written with atomic operations.
+// window bounded both in time and in entries (a fixed table, allocated at
+// the first Record). It is safe for concurrent use and takes no lock.
 //
 // The window is measured in publish time when the broker uses the store, as
 // SQS FIFO queues and the JetStream duplicate window do: a message is a
@@ -72,28 +87,16 @@ type IdempotencyStore interface {
 // latest (two entries of the bound): a retry of a copy older than both is
 // still caught, and only dates between them can be forgotten.
 //
-// The table is set-associative with two choices: a key's hash picks two
-// buckets of four entries (one cache line each); a lookup checks both, and a
-// new entry takes an empty slot of the emptier bucket, or else replaces the
-// oldest of the eight. So a lookup touches two cache lines and allocates
-// nothing, and the bound is exact. The price: an entry can be forgotten
-// before its window ends when the table is nearly full (the entries of a
-// subscriber that is behind by more than the window go first), or when
-// two records race for one slot — a duplicate then gets through, which
-// at-least-once allows — while a message is never taken for a duplicate it
-// is not — unless its 63-bit tag matches one of the eight entries a lookup
-// compares, which has a probability of about 2^-60 per lookup (keys are
-// hashed with per-store random seeds).
+// The bound is exact, and a lookup allocates nothing. The price: an entry
+// can be forgotten before its window ends when the table is nearly full
+// (the entries of a subscriber that is behind by more than the window go
+// first), or when two records race for one slot. A duplicate then gets
+// through, which at-least-once allows; Stats count it
+// (DedupStats.ForgottenEarly). A message is never taken for a duplicate it
+// is not, but for a chance of about 2^-60 per lookup (keys are hashed with
+// per-store random seeds).
 //
-// Why not a plain map under a mutex: that version (64 shards of a map with
-// a ring each, keys as 128-bit hashes) was measured in alternating runs
-// (bench/ab.sh, 10 rounds): W1 +68%, W2 +127%, W3 +50% time per message
-// (p=0.000), from the extra cache misses of the map's lookup, insert and
-// eviction and from workers of different subscribers meeting on the shard
-// locks. The simplicity rule keeps a clever part that buys more than 10%:
-// this one does.
-//
-// That last promise assumes a key is not recorded while it is being looked
+// That promise assumes a key is not recorded while it is being looked
 // up, which the broker never does (two deliveries of one ID to one
 // subscriber never run at once). A caller of Seen and Record that does both
 // for one key at once could, if the lookup stalls while the entry is

@@ -63,19 +63,22 @@ func (p FullLanePolicy) String() string {
 	return fmt.Sprintf("FullLanePolicy(%d)", int(p))
 }
 
+// How shedding works: the subscriber's own goroutine (the shedder) stores
+// the shed messages' dead letters, in the order shed, taking up to 64 at a
+// time; a stop at once dead-letters those the shedder has not taken
+// meanwhile. When as many shed messages as the lane's capacity wait for it
+// (besides the up to 64 it is storing), the dispatcher waits for room.
+
 // WhenLaneFull sets what the subscriber's lane does with a message that does
 // not fit (default Block). Block keeps every message and slows the topic;
 // the dead-letter policies keep the topic flowing and shed at this
 // subscriber only, each shed message a dead letter that can be redriven.
-// The subscriber's own goroutine stores the shed messages' dead letters,
-// in the order shed (a stop at once dead-letters those the shedder has not
-// taken meanwhile); they count as in flight until stored, and each holds
-// its ordering key until then: a later message of its Key starts only
-// after its dead letter is stored. A shed copy of an ID already delivered
-// at the subscriber ends deduplicated instead. Should as many
-// as the lane's capacity wait for the dead-letter store (besides the up
-// to 64 it is storing), the topic's dispatcher waits for room, as under
-// Block.
+// A shed message counts as in flight until its dead letter is stored, and
+// holds its ordering key until then: a later message of its Key starts
+// only after that. A shed copy of an ID already delivered at the
+// subscriber ends deduplicated instead. Should the dead-letter store fall
+// behind by about a lane's capacity of shed messages, the topic's
+// dispatcher waits for it, as under Block.
 //
 // Over a transport (WithTransport) the stream is the buffer and a full one
 // refuses the publish (ErrQueueFull): Subscribe refuses any policy but

@@ -110,24 +110,26 @@ func (b *Broker) Close(ctx context.Context) error {
 	return b.closeErr
 }
 
-// Unsubscribe stops routing messages to the subscriber once the messages
-// accepted by Publish before the call are routed to it (they are owed to
-// it, even those the dispatcher had not reached), and finishes them (with
-// their retries) until ctx ends; then it
-// cancels the running handlers' contexts, waits for them to return, and
-// dead-letters every unfinished message with reason "unsubscribed",
-// returning a *DrainError that says how many (owed messages the topic's
-// dispatcher had not reached, because it waits for room in another
-// subscriber's lane, included: Unsubscribe takes them from it; only if the
-// dispatcher stays inside plugged-in code — an Observer, a store, the
-// logger, or a dead-letter Put retried through a store outage — for the
-// whole ShutdownGrace does it dead-letter them itself, uncounted, after
-// Unsubscribe returned). Handlers see their context's
-// cause match ErrUnsubscribed. As Close does, it waits at most ShutdownGrace
-// for them, then abandons a handler that ignores its context (its message
-// is dead-lettered and counted in DrainError.Abandoned). When it returns,
-// no handler of this subscription runs, an abandoned one aside, and its
-// name is free on the topic. Unsubscribe must not be called from one of
+// How Unsubscribe gets the owed messages: those the topic's dispatcher has
+// not routed yet, because it waits for room in another subscriber's lane,
+// Unsubscribe takes from it and counts in its DrainError; only if the
+// dispatcher stays inside plugged-in code (an Observer, a store, the
+// logger, or a dead-letter Put retried through a store outage) for the
+// whole ShutdownGrace does the dispatcher dead-letter them itself,
+// uncounted, after Unsubscribe returned.
+
+// Unsubscribe stops the subscriber and finishes its work. Every message
+// accepted by Publish before the call is owed to it, even those the
+// topic's dispatcher had not reached yet: Unsubscribe delivers them (with
+// their retries) until ctx ends. Then it cancels the running handlers'
+// contexts (their cause matches ErrUnsubscribed), waits at most
+// ShutdownGrace for them, and dead-letters every unfinished message with
+// reason "unsubscribed", returning a *DrainError that says how many. As
+// Close does, it abandons a handler that ignores its context (its message
+// is dead-lettered and counted in DrainError.Abandoned).
+//
+// When it returns, no handler of this subscription runs (an abandoned one
+// aside) and its name is free on the topic. Do not call it from one of
 // this subscription's handlers without a deadline: it would wait for that
 // handler to return (start it in a goroutine instead).
 //

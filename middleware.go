@@ -31,7 +31,7 @@ type SubscriberInfo struct {
 
 // WithMiddleware wraps every subscriber's handler in mw, in the order
 // given: the first is outermost. A subscriber's own middleware
-// (WithSubscriberMiddleware) runs inside the broker's. nil entries are
+// (HandlerMiddleware) runs inside the broker's. nil entries are
 // refused.
 func WithMiddleware(mw ...Middleware) Option {
 	return func(c *config) error {
@@ -46,6 +46,9 @@ func WithMiddleware(mw ...Middleware) Option {
 // WithSubscriberMiddleware wraps this subscriber's handler in mw, in the
 // order given (the first is outermost), inside the broker's middleware.
 // nil entries are refused.
+//
+// Deprecated: use HandlerMiddleware, the same option named like the other
+// SubscribeOptions.
 func WithSubscriberMiddleware(mw ...Middleware) SubscribeOption {
 	return func(c *subConfig) error {
 		if err := checkMiddleware(mw); err != nil {

@@ -268,6 +268,9 @@ func HandlerTimeout(d time.Duration) SubscribeOption {
 // WithSubscriberRetryPolicy refines the broker's retry policy for this
 // subscriber: p's zero fields take the broker's policy's values, and its
 // ByCode rules are laid over the broker's, code by code.
+//
+// Deprecated: use Retries, the same option named like the other
+// SubscribeOptions.
 func WithSubscriberRetryPolicy(p RetryPolicy) SubscribeOption {
 	return func(c *subConfig) error {
 		if err := p.validate(); err != nil {

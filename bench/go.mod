@@ -4,8 +4,8 @@ go 1.26.0
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
-	github.com/inproc/broker v0.0.0
-	github.com/inproc/broker/natsjs v0.0.0
+	github.com/inproc/broker v0.1.0
+	github.com/inproc/broker/natsjs v0.1.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 )
@@ -27,7 +27,3 @@ require (
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 )
-
-replace github.com/inproc/broker => ../
-
-replace github.com/inproc/broker/natsjs => ../natsjs

@@ -2,10 +2,8 @@ module github.com/inproc/broker/brokerprom
 
 go 1.26.0
 
-replace github.com/inproc/broker => ../
-
 require (
-	github.com/inproc/broker v0.0.0
+	github.com/inproc/broker v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0

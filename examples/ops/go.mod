@@ -3,8 +3,8 @@ module github.com/inproc/broker/examples/ops
 go 1.26.0
 
 require (
-	github.com/inproc/broker v0.0.0
-	github.com/inproc/broker/brokerprom v0.0.0
+	github.com/inproc/broker v0.1.0
+	github.com/inproc/broker/brokerprom v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
@@ -20,9 +20,4 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
-)
-
-replace (
-	github.com/inproc/broker => ../..
-	github.com/inproc/broker/brokerprom => ../../brokerprom
 )
