@@ -190,28 +190,56 @@ func FuzzDedupStore(f *testing.F) {
 		const window = 64
 		s := NewMemoryIdempotencyStore(window, max(int(size), 8))
 		dates := map[int][]int64{} // key: every date it was recorded at
+		// entries models the store's entries of each key: one date, or
+		// two (the earliest and the latest) once a delivery came more
+		// than the window from the first; a later date moves the one it
+		// is beyond (see record).
+		entries := map[int][]int64{}
+		inWindow := func(a, b int64) bool { return a-b < window && b-a < window }
+		nEntries := 0
 		for ; len(ops) >= 3; ops = ops[3:] {
 			k, date := int(ops[1]%32), 1+int64(ops[2])
 			sl := s.slotFor(dedupSalt{}, placedKey(k, uint64(seed)), date)
 			if ops[0]%2 == 0 {
 				s.record(sl)
 				dates[k] = append(dates[k], date)
+				switch e := entries[k]; len(e) {
+				case 0:
+					entries[k] = []int64{date}
+					nEntries++
+				case 1:
+					if inWindow(date, e[0]) {
+						e[0] = max(e[0], date)
+					} else {
+						entries[k] = append(e, date)
+						nEntries++
+					}
+				case 2:
+					lo, hi := 0, 1
+					if e[1] < e[0] {
+						lo, hi = 1, 0
+					}
+					if date > e[hi] {
+						e[hi] = date
+					} else if date < e[lo] {
+						e[lo] = date
+					}
+				}
 				continue
 			}
 			within := false
 			for _, at := range dates[k] {
-				within = within || at-date < window && date-at < window
+				within = within || inWindow(at, date)
 			}
-			latest := int64(0)
-			for _, at := range dates[k] {
-				latest = max(latest, at)
+			exact := false
+			for _, at := range entries[k] {
+				exact = exact || inWindow(at, date)
 			}
-			exact := latest > 0 && latest-date < window && date-latest < window
 			got := s.seen(sl)
 			if got && !within {
 				t.Fatalf("key %d looked up at %d: seen, but it was recorded only at %v (window %d)", k, date, dates[k], window)
 			}
-			if len(dates) <= 8 && got != exact {
+			if nEntries <= 8 && got != exact {
 				t.Fatalf("key %d looked up at %d: seen %v, want %v (recorded at %v; nothing evicted)", k, date, got, exact, dates[k])
 			}
 		}
