@@ -70,8 +70,13 @@ func (b *Broker) Close(ctx context.Context) error {
 		t.q.Close()
 	}
 	drained := make(chan struct{})
-	go func() { // ends when every dispatcher, worker and Redrive has
+	go func() { // ends when every dispatcher, shedder, worker and Redrive has (or a worker was abandoned)
 		b.wg.Wait()
+		for _, t := range topics {
+			for _, s := range t.activeSubs() {
+				<-s.done
+			}
+		}
 		b.redrive <- struct{}{} // taken for good: later Redrives see closeDone
 		close(drained)
 	}()
@@ -346,7 +351,6 @@ func (s *Subscription) abandon() int {
 	for w := range s.ws {
 		if w.state.CompareAndSwap(workerAttempting, workerAbandoned) {
 			stuck = append(stuck, w)
-			delete(s.ws, w)
 		}
 	}
 	s.wmu.Unlock()
@@ -366,10 +370,7 @@ func (s *Subscription) abandon() int {
 			s.pipe.cutOff(s.ctx, &w.buf[k])
 			s.c.inFlight.Add(-1)
 		}
-		if s.live.Add(-1) == 0 {
-			close(s.done)
-		}
-		s.b.wg.Done()
+		s.dropWorker(w) // given up on: the stops wait for it no longer
 	}
 	return len(stuck)
 }

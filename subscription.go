@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,17 +31,15 @@ type Subscription struct {
 	ctx    context.Context         // handlers' base context; cancelled to stop at once
 	cancel context.CancelCauseFunc // with errShutdown or errUnsubscribed
 
-	removed   atomic.Bool   // out of the routing snapshot: route nothing more to it
-	leaveAt   atomic.Uint64 // once Unsubscribe was called: messages accepted before (in push order) are owed to it
-	startAt   uint64        // the first message it is owed, when a subscription of its name was still leaving
-	left      chan struct{} // closed when it left the routing snapshot, every owed message routed
-	live      atomic.Int32  // workers still running (abandoned ones not included)
-	wmu       sync.Mutex    // guards ws
-	ws        map[*worker]struct{}
-	abandoned atomic.Int64  // handlers an Unsubscribe abandoned
-	done      chan struct{} // closed when the last worker returned
-	cutting   atomic.Bool   // a stop at once is cutting its lane off (stopNow)
-	cut       chan struct{} // closed when it has
+	leaveAt   atomic.Uint64        // once Unsubscribe was called: messages accepted before (in push order) are owed to it
+	startAt   uint64               // the first message it is owed, when a subscription of its name was still leaving
+	left      chan struct{}        // closed when it left the routing snapshot, every owed message routed
+	wmu       sync.Mutex           // guards ws
+	ws        map[*worker]struct{} // workers a stop waits for: running, not abandoned
+	abandoned atomic.Int64         // handlers an Unsubscribe abandoned
+	done      chan struct{}        // closed when ws became empty: the last worker returned or was abandoned
+	cutting   atomic.Bool          // a stop at once is cutting its lane off (stopNow)
+	cut       chan struct{}        // closed when it has
 	unsubOnce sync.Once
 	unsubbed  chan struct{} // closed when Unsubscribe finished
 	unsubErr  error         // Unsubscribe's result, set before unsubbed is closed
@@ -136,10 +135,8 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	}
 	t.active[name] = s
 	t.addSubLocked(s)
-	s.live.Store(int32(sc.concurrency))
-	b.wg.Add(sc.concurrency)
 	for range sc.concurrency {
-		s.startWorker(nil)
+		s.startWorker(nil, nil)
 	}
 	return s, nil
 }
@@ -209,7 +206,7 @@ func (s *Subscription) route(it laneItem, noShed bool, cancel <-chan struct{}, d
 	if err == queue.ErrFull {
 		err = s.lane.pushWait(it, noShed, s.ctx.Done(), cancel, deadline, before, after)
 	}
-	if err != nil && err != queue.ErrTimeout && !it.redriven && !s.removed.Load() && stoppedAtOnce(s.ctx) {
+	if err != nil && err != queue.ErrTimeout && !it.redriven && stoppedAtOnce(s.ctx) && slices.Contains(*s.t.subs.Load(), s) {
 		// Stopped at once while this message was on its way: it is this
 		// subscriber's, so it ends as a dead letter rather than vanishing.
 		// (A redriven one is not: its dead letter stays in the store, and

@@ -30,12 +30,14 @@ type worker struct {
 	state atomic.Int32 // workerIdle, workerAttempting or workerAbandoned
 }
 
-// start starts a worker with carry, messages a worker ended by Goexit had
-// taken and not started.
-func (s *Subscription) startWorker(carry []laneItem) {
+// startWorker starts a worker in place of old (nil: none) with carry,
+// messages old, ended by Goexit, had taken and not started. ws changes
+// under one lock, so it is never empty while a worker runs.
+func (s *Subscription) startWorker(old *worker, carry []laneItem) {
 	w := &worker{s: s}
 	w.n = copy(w.buf[:], carry)
 	s.wmu.Lock()
+	delete(s.ws, old)
 	s.ws[w] = struct{}{}
 	s.wmu.Unlock()
 	go w.run()
@@ -49,14 +51,14 @@ func (w *worker) run() {
 	defer func() {
 		switch {
 		case returned:
-			s.workerDone(w)
+			s.dropWorker(w)
 		case w.state.Load() == workerAbandoned:
 			// The stop that abandoned it did its bookkeeping.
 		default:
 			// runtime.Goexit (what t.FailNow does) ended this goroutine, in
 			// a handler most likely: its message ends as a panic would end
 			// it, and a new worker takes over the rest of the batch (and
-			// this worker's place in the WaitGroup).
+			// this worker's place in ws).
 			var rest []laneItem
 			if w.n > 0 {
 				rest = append(rest, w.buf[w.i+1:w.n]...)
@@ -67,10 +69,7 @@ func (w *worker) run() {
 					rest = append([]laneItem{w.buf[w.i]}, rest...)
 				}
 			}
-			s.wmu.Lock()
-			delete(s.ws, w)
-			s.wmu.Unlock()
-			s.startWorker(rest)
+			s.startWorker(w, rest)
 		}
 	}()
 	for {
@@ -125,13 +124,16 @@ func (s *Subscription) end(it *laneItem, r turnResult, probe bool) {
 	}
 }
 
-// workerDone is a worker's end: the last one closes s.done.
-func (s *Subscription) workerDone(w *worker) {
+// dropWorker is a worker's end, deferred in its goroutine (or a stop's
+// giving up on it, see abandon): it leaves ws, and the last one out closes
+// s.done.
+func (s *Subscription) dropWorker(w *worker) {
 	s.wmu.Lock()
+	_, in := s.ws[w]
 	delete(s.ws, w)
+	last := in && len(s.ws) == 0
 	s.wmu.Unlock()
-	if s.live.Add(-1) == 0 {
+	if last {
 		close(s.done)
 	}
-	s.b.wg.Done()
 }
