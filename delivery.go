@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"sync/atomic"
 	"time"
 )
 
@@ -102,14 +101,15 @@ type turnResult struct {
 // must stop at once: then the message is dead-lettered with that reason
 // instead of being attempted or retried.
 //
-// gate, if not nil, is the worker's state: it says workerAttempting while the
-// handler runs, and a stop that abandons the handler swaps it for
-// workerAbandoned; then turn records nothing and says so.
-func (p *pipeline) turn(ctx context.Context, it *laneItem, gate *atomic.Int32) turnResult {
+// h, if not nil, is the worker's hand: it says handPlug while plugged-in
+// code runs (the handler: handHandler), and a stop that abandons it there
+// sets handAbandoned; then turn records nothing more (the stop does) and
+// returns as soon as it can.
+func (p *pipeline) turn(ctx context.Context, it *laneItem, h *hand) turnResult {
 	msg := &it.env.msg
 	if p.ids != nil {
 		if !p.ids.acquire(ctx, msg.ID) {
-			p.cutOff(ctx, it) // stopped while another worker ran this ID
+			p.cutOff(ctx, it, h) // stopped while another worker ran this ID
 			return turnResult{ended: true}
 		}
 		defer p.ids.release(msg.ID)
@@ -119,59 +119,59 @@ func (p *pipeline) turn(ctx context.Context, it *laneItem, gate *atomic.Int32) t
 		d = p.dedupKey(&it.env, it.redriven)
 		// Checked again before a retry: a copy of the message with another
 		// Key may have been delivered while this one was parked.
-		if !it.redriven && p.seen(&d) {
-			p.rec.deduplicated(msg)
+		if !it.redriven && p.seenIn(h, &d) {
+			p.rec.deduplicatedIn(h, msg)
 			return turnResult{ended: true}
 		}
 	}
 	if ctx.Err() != nil {
-		p.cutOff(ctx, it)
+		p.cutOff(ctx, it, h)
 		return turnResult{ended: true}
 	}
 	msg.Attempt++
 	if p.budget != nil && msg.Attempt == 1 {
 		p.budget.first(time.Now())
 	}
-	if gate != nil {
-		gate.Store(workerAttempting)
+	if !h.enterHandler() {
+		return turnResult{ended: true}
 	}
 	err, f, took := p.attempt(ctx, msg)
-	if gate != nil && !gate.CompareAndSwap(workerAttempting, workerIdle) {
+	if !h.leave() {
 		return turnResult{abandoned: true, err: err}
 	}
 	if err == nil {
 		if p.dedup != nil {
-			p.record(&d)
+			p.recordIn(h, &d)
 		}
-		p.rec.delivered(msg, took)
+		p.rec.deliveredIn(h, msg, took)
 		return turnResult{ended: true, health: healthOK}
 	}
 	p.rec.c.failed.Add(1)
-	return p.after(ctx, it, err, f, took)
+	return p.after(ctx, it, err, f, took, h)
 }
 
 // after decides and records what follows a failed attempt of it: a retry
 // (it.last holds the failure) or a dead letter.
-func (p *pipeline) after(ctx context.Context, it *laneItem, err error, f failure, took timing) turnResult {
+func (p *pipeline) after(ctx context.Context, it *laneItem, err error, f failure, took timing, h *hand) turnResult {
 	msg := &it.env.msg
 	s := p.judge(ctx, msg, err, f, took)
-	h := healthNone
+	hl := healthNone
 	if s.retryable {
-		h = healthFail
+		hl = healthFail
 	}
 	if s.outcome == OutcomeRetry && p.budget != nil && !p.budget.spend(time.Now()) {
 		s.outcome, s.reason = OutcomeDeadLettered, ReasonBudget
 	}
 	if s.outcome == OutcomeDeadLettered {
-		p.rec.deadLetter(msg, s.took, s.reason, s.fault, true)
-		return turnResult{ended: true, health: h}
+		p.rec.deadLetterThen(msg, s.took, s.reason, s.fault, true, nil, h)
+		return turnResult{ended: true, health: hl}
 	}
-	p.rec.retrying(msg, s.took, s.delay, s.fault)
 	if it.last == nil {
 		it.last = new(step)
 	}
-	*it.last = s
-	return turnResult{delay: s.delay, health: h}
+	*it.last = s // before the event: a stop that abandons its hook copies it
+	p.rec.retryingIn(h, msg, s.took, s.delay, s.fault)
+	return turnResult{delay: s.delay, health: hl}
 }
 
 // errGoexit is the panic value of an attempt whose handler called
@@ -187,10 +187,10 @@ func goexitFailure() (error, failure) {
 
 // goexited ends the attempt of it whose handler called runtime.Goexit, as
 // if it had panicked.
-func (p *pipeline) goexited(ctx context.Context, it *laneItem) turnResult {
+func (p *pipeline) goexited(ctx context.Context, it *laneItem, h *hand) turnResult {
 	p.rec.c.failed.Add(1)
 	err, f := goexitFailure()
-	return p.after(ctx, it, err, f, timing{})
+	return p.after(ctx, it, err, f, timing{}, h)
 }
 
 // cutOff ends it, which a Close or Unsubscribe whose context ended took
@@ -199,38 +199,39 @@ func (p *pipeline) goexited(ctx context.Context, it *laneItem) turnResult {
 // twice), anything else is dead-lettered with the stop's reason, showing
 // the message as last delivered with that attempt's failure (whose event
 // was already emitted).
-func (p *pipeline) cutOff(ctx context.Context, it *laneItem) {
+func (p *pipeline) cutOff(ctx context.Context, it *laneItem, h *hand) {
 	msg := &it.env.msg
 	if p.dedup != nil && !it.redriven {
-		if d := p.dedupKey(&it.env, false); p.seen(&d) {
-			p.rec.deduplicated(msg)
+		if d := p.dedupKey(&it.env, false); p.seenIn(h, &d) {
+			p.rec.deduplicatedIn(h, msg)
 			return
 		}
 	}
 	if it.last == nil || msg.Attempt == 0 {
-		p.rec.deadLetter(msg, timing{}, abortReason(ctx), brokerFault(abortCode(ctx), context.Cause(ctx)), false)
+		p.rec.deadLetterThen(msg, timing{}, abortReason(ctx), brokerFault(abortCode(ctx), context.Cause(ctx)), false, nil, h)
 		return
 	}
-	p.rec.deadLetter(msg, timing{}, abortReason(ctx), it.last.fault, false)
+	p.rec.deadLetterThen(msg, timing{}, abortReason(ctx), it.last.fault, false, nil, h)
 }
 
 // overflow dead-letters it, shed from a full lane, and calls counted once
 // it ended. A copy of an ID already delivered here is deduplicated instead
 // (redriving its dead letter would run a delivered ID again).
-func (p *pipeline) overflow(it *laneItem, counted func()) {
+func (p *pipeline) overflow(it *laneItem, counted func(), h *hand) {
 	msg := &it.env.msg
 	if p.dedup != nil && !it.redriven {
-		if d := p.dedupKey(&it.env, false); p.seen(&d) {
-			p.rec.deduplicated(msg)
-			counted()
+		if d := p.dedupKey(&it.env, false); p.seenIn(h, &d) {
+			if p.rec.deduplicatedIn(h, msg) {
+				counted()
+			}
 			return
 		}
 	}
 	if it.last != nil {
-		p.rec.deadLetterThen(msg, timing{}, ReasonOverflow, it.last.fault, false, counted)
+		p.rec.deadLetterThen(msg, timing{}, ReasonOverflow, it.last.fault, false, counted, h)
 		return
 	}
-	p.rec.deadLetterThen(msg, timing{}, ReasonOverflow, p.overflowFault, false, counted)
+	p.rec.deadLetterThen(msg, timing{}, ReasonOverflow, p.overflowFault, false, counted, h)
 }
 
 // dedupRef names one message at this subscriber for the idempotency store:
@@ -268,11 +269,21 @@ func (p *pipeline) dedupKey(env *envelope, redriven bool) dedupRef {
 // seen asks the idempotency store whether d was delivered. A store error
 // counts as "not seen": a duplicate is within the contract, a loss is not.
 // The store gets the subscription's store ctx (see storeContext).
-func (p *pipeline) seen(d *dedupRef) bool {
+func (p *pipeline) seen(d *dedupRef) bool { return p.seenIn(nil, d) }
+
+// seenIn is seen by the goroutine whose hand is h: false if a stop
+// abandoned it meanwhile.
+func (p *pipeline) seenIn(h *hand, d *dedupRef) bool {
 	if p.mem != nil {
 		return p.mem.seen(d.slot)
 	}
+	if !h.enter() {
+		return false
+	}
 	seen, err := p.dedup.Seen(p.rec.storeCtx, d.key)
+	if !h.leave() {
+		return false
+	}
 	if err != nil {
 		p.logStoreError("Seen", d.key.MessageID, err)
 		return false // whatever it said: a duplicate is allowed, a loss is not
@@ -281,12 +292,19 @@ func (p *pipeline) seen(d *dedupRef) bool {
 }
 
 // record tells the idempotency store that d was delivered.
-func (p *pipeline) record(d *dedupRef) {
+func (p *pipeline) record(d *dedupRef) { p.recordIn(nil, d) }
+
+// recordIn is record by the goroutine whose hand is h.
+func (p *pipeline) recordIn(h *hand, d *dedupRef) {
 	if p.mem != nil {
 		p.mem.record(d.slot)
 		return
 	}
-	if err := p.dedup.Record(p.rec.storeCtx, d.key); err != nil {
+	if !h.enter() {
+		return
+	}
+	err := p.dedup.Record(p.rec.storeCtx, d.key)
+	if h.leave() && err != nil {
 		p.logStoreError("Record", d.key.MessageID, err)
 	}
 }

@@ -34,12 +34,12 @@ type Subscription struct {
 	leaveAt   atomic.Uint64        // once Unsubscribe was called: messages accepted before (in push order) are owed to it
 	startAt   uint64               // the first message it is owed, when a subscription of its name was still leaving
 	left      chan struct{}        // closed when it left the routing snapshot, every owed message routed
-	wmu       sync.Mutex           // guards ws
+	wmu       sync.Mutex           // guards ws and cutters
 	ws        map[*worker]struct{} // workers a stop waits for: running, not abandoned
 	abandoned atomic.Int64         // handlers an Unsubscribe abandoned
 	done      chan struct{}        // closed when ws became empty: the last worker returned or was abandoned
-	cutting   atomic.Bool          // a stop at once is cutting its lane off (stopNow)
-	cut       chan struct{}        // closed when it has
+	cutting   atomic.Bool          // a stop at once cut its lane off (stopNow)
+	cutters   []*cutter            // the stops' cutters (guarded by wmu)
 	unsubOnce sync.Once
 	unsubbed  chan struct{} // closed when Unsubscribe finished
 	unsubErr  error         // Unsubscribe's result, set before unsubbed is closed
@@ -107,7 +107,6 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	s := &Subscription{
 		b: b, t: t, topicName: topicName, name: name, c: c, workers: sc.concurrency,
 		done:     make(chan struct{}),
-		cut:      make(chan struct{}),
 		unsubbed: make(chan struct{}),
 		left:     make(chan struct{}),
 		ws:       make(map[*worker]struct{}),
@@ -220,7 +219,7 @@ func (s *Subscription) route(it laneItem, noShed bool, cancel <-chan struct{}, d
 // overflowed dead-letters it, which the lane shed (reason "overflow"): it
 // counted as in flight since.
 func (s *Subscription) overflowed(it *laneItem) {
-	s.pipe.overflow(it, func() { s.c.inFlight.Add(-1) })
+	s.pipe.overflow(it, func() { s.c.inFlight.Add(-1) }, nil)
 }
 
 // startShedder starts the goroutine that dead-letters what the lane sheds
@@ -261,7 +260,7 @@ func (s *Subscription) shed() {
 		}
 		for i = range buf {
 			stored = false
-			s.pipe.overflow(&buf[i], counted)
+			s.pipe.overflow(&buf[i], counted, nil)
 		}
 		clear(buf)
 	}
@@ -269,11 +268,9 @@ func (s *Subscription) shed() {
 
 // cutOffUnrouted dead-letters it, which never entered the lane of the
 // subscription that was stopped at once, as routed to it.
+// The caller is its cutter, so that a stop's deadline can give up on it.
 func (s *Subscription) cutOffUnrouted(it *laneItem) {
-	s.c.routed.Add(1)
-	s.c.inFlight.Add(1)
-	s.pipe.cutOff(s.ctx, it)
-	s.c.inFlight.Add(-1)
+	s.cutBy([]cutJob{{it: *it, kind: cutUnrouted}}, true)
 }
 
 // tryRouteN hands the subscriber as many of envs, in order, as fit in its
