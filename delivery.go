@@ -104,27 +104,36 @@ type turnResult struct {
 // h, if not nil, is the worker's hand: it says handPlug while plugged-in
 // code runs (the handler: handHandler), and a stop that abandons it there
 // sets handAbandoned; then turn records nothing more (the stop does) and
-// returns as soon as it can.
-func (p *pipeline) turn(ctx context.Context, it *laneItem, h *hand) turnResult {
+// returns as soon as it can. it is message i of h's; h moves to it (at)
+// with the first change the turn makes, the handler's start on the plain
+// path: two changes of h for a delivery.
+func (p *pipeline) turn(ctx context.Context, it *laneItem, h *hand, i int) turnResult {
 	msg := &it.env.msg
 	if p.ids != nil {
 		if !p.ids.acquire(ctx, msg.ID) {
+			h.at(i, 0)
 			p.cutOff(ctx, it, h) // stopped while another worker ran this ID
 			return turnResult{ended: true}
 		}
 		defer p.ids.release(msg.ID)
 	}
 	var d dedupRef
+	stored := p.dedup != nil && p.mem == nil // the idempotency store is plugged-in code
 	if p.dedup != nil {
 		d = p.dedupKey(&it.env, it.redriven)
 		// Checked again before a retry: a copy of the message with another
 		// Key may have been delivered while this one was parked.
+		if stored && !it.redriven && !h.at(i, 0) {
+			return turnResult{ended: true}
+		}
 		if !it.redriven && p.seenIn(h, &d) {
+			h.at(i, 0) // no-op after the one above
 			p.rec.deduplicatedIn(h, msg)
 			return turnResult{ended: true}
 		}
 	}
 	if ctx.Err() != nil {
+		h.at(i, 0)
 		p.cutOff(ctx, it, h)
 		return turnResult{ended: true}
 	}
@@ -132,17 +141,25 @@ func (p *pipeline) turn(ctx context.Context, it *laneItem, h *hand) turnResult {
 	if p.budget != nil && msg.Attempt == 1 {
 		p.budget.first(time.Now())
 	}
-	if !h.enterHandler() {
+	if !h.at(i, handPlug|handHandler) {
 		return turnResult{ended: true}
 	}
 	err, f, took := p.attempt(ctx, msg)
+	if err == nil && !stored {
+		if !h.leaveEnded() {
+			return turnResult{abandoned: true, err: err}
+		}
+		if p.mem != nil {
+			p.mem.record(d.slot)
+		}
+		p.rec.countDelivered(h, msg, took)
+		return turnResult{ended: true, health: healthOK}
+	}
 	if !h.leave() {
 		return turnResult{abandoned: true, err: err}
 	}
 	if err == nil {
-		if p.dedup != nil {
-			p.recordIn(h, &d)
-		}
+		p.recordIn(h, &d)
 		p.rec.deliveredIn(h, msg, took)
 		return turnResult{ended: true, health: healthOK}
 	}

@@ -142,9 +142,13 @@ func (r *recorder) delivered(msg *Message, t timing) { r.deliveredIn(nil, msg, t
 // stop abandoned it (the stop counted the message). So are the other
 // ...In methods.
 func (r *recorder) deliveredIn(h *hand, msg *Message, t timing) {
-	if !h.end() {
-		return
+	if h.end() {
+		r.countDelivered(h, msg, t)
 	}
+}
+
+// countDelivered is delivered once h claimed the end.
+func (r *recorder) countDelivered(h *hand, msg *Message, t timing) {
 	r.c.delivered.Add(1)
 	r.attempted(h, msg, t, "", false, OutcomeDelivered, 0, nil)
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {

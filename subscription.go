@@ -216,12 +216,6 @@ func (s *Subscription) route(it laneItem, noShed bool, cancel <-chan struct{}, d
 	return err
 }
 
-// overflowed dead-letters it, which the lane shed (reason "overflow"): it
-// counted as in flight since.
-func (s *Subscription) overflowed(it *laneItem) {
-	s.pipe.overflow(it, func() { s.c.inFlight.Add(-1) }, nil)
-}
-
 // startShedder starts the goroutine that dead-letters what the lane sheds
 // (lane.overflowed), so that the topic's dispatcher, which sheds, never
 // waits on the dead-letter store for this subscriber: a slow store costs

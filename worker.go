@@ -48,15 +48,24 @@ func (h *hand) hold(n int) bool {
 	return w&handAbandoned == 0 && h.word.CompareAndSwap(w, uint64(n)<<handNShift)
 }
 
-func (h *hand) enter() bool        { return h.update(handPlug, 0, 0) }
-func (h *hand) enterHandler() bool { return h.update(handPlug|handHandler, 0, 0) }
-func (h *hand) leave() bool        { return h.update(0, handPlug|handHandler, 0) }
+// at moves h to message i, none of its flags set, with set: a worker's
+// first change for a message (until then h shows the one before it, ended).
+func (h *hand) at(i int, set uint64) bool {
+	w := h.word.Load()
+	return w&handAbandoned == 0 && h.word.CompareAndSwap(w, w>>handNShift<<handNShift|uint64(i)<<handIShift|set)
+}
+
+func (h *hand) enter() bool { return h.update(handPlug, 0, 0) }
+func (h *hand) leave() bool { return h.update(0, handPlug|handHandler, 0) }
+
+// leaveEnded is leave, then end.
+func (h *hand) leaveEnded() bool { return h.update(handEnded, handPlug|handHandler, 0) }
 
 // end claims the end of message i: its counters may move (false: a stop
 // counted it).
 func (h *hand) end() bool { return h.update(handEnded, 0, 0) }
 
-// next moves on to message i+1.
+// next moves on to message i+1 (a cutter's; a worker's moves with at).
 func (h *hand) next() bool { return h.update(0, handEnded, 1) }
 
 func (h *hand) abandoned() bool { return h != nil && h.word.Load()&handAbandoned != 0 }
@@ -159,13 +168,13 @@ func (w *worker) run() {
 				s.limiter.wait(s.ctx) // cut short by a stop: the turn dead-letters it
 				if s.lane.br != nil && !s.lane.mayRun(it, probe) {
 					started = false
-					if !w.h.next() {
+					if !w.h.at(w.i, handEnded) {
 						return
 					}
 					continue // the breaker opened while it waited: back in the queue
 				}
 			}
-			r := s.pipe.turn(s.ctx, it, &w.h)
+			r := s.pipe.turn(s.ctx, it, &w.h, w.i)
 			if r.abandoned {
 				s.pipe.ignored(it, r.err)
 			}
@@ -174,9 +183,6 @@ func (w *worker) run() {
 			}
 			s.end(it, r, probe)
 			started = false
-			if !w.h.next() {
-				return
-			}
 		}
 		clear(w.buf[:w.n]) // drop references for the garbage collector
 		w.n = 0
