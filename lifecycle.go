@@ -153,9 +153,11 @@ func (b *Broker) Close(ctx context.Context) error {
 // Unsubscribe returned). Handlers see their context's
 // cause match ErrUnsubscribed. As Close does, it waits at most ShutdownGrace
 // for them, then abandons a handler that ignores its context (its message
-// is dead-lettered and counted in DrainError.Abandoned). When it returns,
-// no handler of this subscription runs, an abandoned one aside, and its
-// name is free on the topic. Unsubscribe must not be called from one of
+// is dead-lettered and counted in DrainError.Abandoned), and it returns by
+// its deadline, 2×ShutdownGrace after ctx ended, whatever plugged-in code
+// does (see ShutdownGrace). When it returns, no handler of this
+// subscription runs, an abandoned call aside, and its name is free on the
+// topic. Unsubscribe must not be called from one of
 // this subscription's handlers without a deadline: it would wait for that
 // handler to return (start it in a goroutine instead).
 //
