@@ -555,6 +555,11 @@ func (s *Subscription) abandon() {
 			jobs = append(jobs, cutJob{it: w.buf[k], kind: kind})
 		}
 		s.countAbandoned()
+		s.b.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
+			"broker: plugged-in code (a handler, middleware, a store or an Observer) had not returned ShutdownGrace after the stop "+
+				"cancelled its context: abandoned; the stop dead-letters the messages its worker held, and ignores what it returns",
+			slog.String("topic", s.topicName), slog.String("subscriber", s.name), slog.String("message_id", w.buf[i].env.msg.ID),
+			slog.Bool("handler", word&handHandler != 0), slog.String("reason", abortReason(s.ctx)))
 		s.cutBy(jobs, false)
 		s.dropWorker(w) // given up on: the stops wait for it no longer
 	}

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -95,7 +96,8 @@ func TestStopEndsByItsDeadlineWhateverPluginsDo(t *testing.T) {
 					if p.sub != nil {
 						subOpts = p.sub(release)
 					}
-					b := newTestBroker(t, opts...)
+					var lines logLines
+					b := newTestBroker(t, append(opts, WithLogger(slog.New(&lines)))...)
 					sub, err := b.Subscribe("t", "s", p.handler, subOpts...)
 					require.NoError(t, err)
 					publishN(t, b, "t", "m", 1)
@@ -116,6 +118,10 @@ func TestStopEndsByItsDeadlineWhateverPluginsDo(t *testing.T) {
 					assert.Equal(t, p.abandoned, de.Abandoned, "each call given up on, once")
 					assert.Equal(t, p.dead, de.DeadLettered, "every message not delivered ended at the stop")
 					assert.Equal(t, p.lost, de.Lost)
+					assert.Len(t, lines.matching("WARN", "had not returned ShutdownGrace", "subscriber=s", "message_id=m-0"), 1, "the grace's abandonment, logged")
+					if p.lost > 0 {
+						assert.NotEmpty(t, lines.matching("ERROR", "deadline passed", "subscriber=s"), "the deadline's, logged")
+					}
 					st := subStats(t, b, "t", "s")
 					assert.Equal(t, uint64(3), st.Delivered+st.DeadLettered+st.Deduplicated, "each message ended once: %+v", st)
 
