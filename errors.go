@@ -84,7 +84,7 @@ func (e *DrainError) Error() string {
 		s = fmt.Sprintf("broker: stopped: %d messages dead-lettered with reason %q", e.DeadLettered, e.Reason)
 	}
 	if e.Abandoned > 0 {
-		s += fmt.Sprintf(", %d of them in abandoned handlers", e.Abandoned)
+		s += fmt.Sprintf(", %d calls of plugged-in code (handlers, stores, observers) abandoned", e.Abandoned)
 	}
 	if e.Lost > 0 {
 		s += fmt.Sprintf("; %d dead letters lost: the store refused them (logged with every field)", e.Lost)
