@@ -34,7 +34,7 @@ type Broker struct {
 
 	abortCtx context.Context         // parent of every subscription's context
 	abort    context.CancelCauseFunc // cancels it with errShutdown
-	wg       sync.WaitGroup          // dispatchers and workers
+	wg       sync.WaitGroup          // dispatchers and shedders, each deferring its Done (workers: Subscription.ws)
 
 	dlq    guardedDLQ       // cfg.dlq, guarded against panics
 	dedup  IdempotencyStore // cfg.dedup, guarded against panics (unless it is the default kind)

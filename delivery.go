@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"sync/atomic"
 	"time"
 )
 
@@ -115,31 +114,43 @@ type turnResult struct {
 // instead of being attempted or retried, and a transport's is cut off
 // (left with the transport).
 //
-// d is the transport's delivery (nil in memory): its handler runs kept
-// alive, its dead letter takes the delivery's ID. gate, if not nil, is the
-// worker's state: it says workerAttempting while the handler runs, and a
-// stop that abandons the handler swaps it for workerAbandoned; then turn
-// records nothing and says so.
-func (p *pipeline) turn(ctx context.Context, it *laneItem, gate *atomic.Int32, d Delivery) turnResult {
+// h, if not nil, is the worker's hand: it says handPlug while plugged-in
+// code runs (the handler: handHandler), and a stop that abandons it there
+// sets handAbandoned; then turn records nothing more (the stop does) and
+// returns as soon as it can. it is message i of h's; h moves to it (at)
+// with the first change the turn makes, the handler's start on the plain
+// path: two changes of h for a delivery.
+//
+// d is the transport's delivery (nil in memory, where h is the worker's;
+// a transport's delivery has no hand): its handler runs kept alive, its
+// dead letter takes the delivery's ID.
+func (p *pipeline) turn(ctx context.Context, it *laneItem, h *hand, i int, d Delivery) turnResult {
 	msg := &it.env.msg
 	if p.ids != nil {
 		if !p.ids.acquire(ctx, msg.ID) {
-			return p.stopped(ctx, it) // stopped while another worker ran this ID
+			h.at(i, 0)
+			return p.stopped(ctx, it, h) // stopped while another worker ran this ID
 		}
 		defer p.ids.release(msg.ID)
 	}
 	var ref dedupRef
+	stored := p.dedup != nil && p.mem == nil // the idempotency store is plugged-in code
 	if p.dedup != nil {
 		ref = p.dedupKey(&it.env, it.redriven)
 		// Checked again before a retry: a copy of the message with another
 		// Key may have been delivered while this one was parked.
-		if !it.redriven && p.seen(&ref) {
-			p.rec.deduplicated(msg)
+		if stored && !it.redriven && !h.at(i, 0) {
+			return turnResult{ended: true}
+		}
+		if !it.redriven && p.seenIn(h, &ref) {
+			h.at(i, 0) // no-op after the one above
+			p.rec.deduplicatedIn(h, msg)
 			return turnResult{ended: true}
 		}
 	}
 	if ctx.Err() != nil {
-		return p.stopped(ctx, it)
+		h.at(i, 0)
+		return p.stopped(ctx, it, h)
 	}
 	if !p.held {
 		msg.Attempt++
@@ -153,13 +164,13 @@ func (p *pipeline) turn(ctx context.Context, it *laneItem, gate *atomic.Int32, d
 		f := brokerFault(CodeError, fmt.Errorf("broker: delivered %d times, more than the %d attempts the policy allows: earlier attempts ended without an outcome", msg.Attempt, p.maxAttempts))
 		f.retryable = true
 		msg.Attempt = p.maxAttempts
-		return p.deadLetter(d, msg, timing{}, ReasonExhausted, f, false, healthNone)
+		return p.deadLetter(d, h, msg, timing{}, ReasonExhausted, f, false, healthNone)
 	}
 	if p.budget != nil && msg.Attempt == 1 {
 		p.budget.first(time.Now())
 	}
-	if gate != nil {
-		gate.Store(workerAttempting)
+	if !h.at(i, handPlug|handHandler) {
+		return turnResult{ended: true}
 	}
 	var (
 		err  error
@@ -171,27 +182,35 @@ func (p *pipeline) turn(ctx context.Context, it *laneItem, gate *atomic.Int32, d
 	} else {
 		err, f, took = p.attempt(ctx, msg)
 	}
-	if gate != nil && !gate.CompareAndSwap(workerAttempting, workerIdle) {
+	if err == nil && !stored {
+		if !h.leaveEnded() {
+			return turnResult{abandoned: true, err: err}
+		}
+		if p.mem != nil {
+			p.mem.record(ref.slot)
+		}
+		p.rec.countDelivered(h, msg, took)
+		return turnResult{ended: true, health: healthOK}
+	}
+	if !h.leave() {
 		return turnResult{abandoned: true, err: err}
 	}
 	if err == nil {
-		if p.dedup != nil {
-			p.record(&ref)
-		}
-		p.rec.delivered(msg, took)
+		p.recordIn(h, &ref)
+		p.rec.deliveredIn(h, msg, took)
 		return turnResult{ended: true, health: healthOK}
 	}
 	p.rec.c.failed.Add(1)
-	return p.after(ctx, it, err, f, took, d)
+	return p.after(ctx, it, err, f, took, h, d)
 }
 
 // stopped ends a turn a stop at once cut short before the attempt: in
 // memory the message is dead-lettered (cutOff); a transport keeps it.
-func (p *pipeline) stopped(ctx context.Context, it *laneItem) turnResult {
+func (p *pipeline) stopped(ctx context.Context, it *laneItem, h *hand) turnResult {
 	if p.held {
 		return turnResult{cutOff: true}
 	}
-	p.cutOff(ctx, it)
+	p.cutOff(ctx, it, h)
 	return turnResult{ended: true, reason: abortReason(ctx)}
 }
 
@@ -199,37 +218,37 @@ func (p *pipeline) stopped(ctx context.Context, it *laneItem) turnResult {
 // (it.last holds the failure) or a dead letter, with the retry budget
 // spent or not; a transport's message whose attempt a stop at once cut
 // short is left with the transport.
-func (p *pipeline) after(ctx context.Context, it *laneItem, err error, f failure, took timing, d Delivery) turnResult {
+func (p *pipeline) after(ctx context.Context, it *laneItem, err error, f failure, took timing, h *hand, d Delivery) turnResult {
 	msg := &it.env.msg
 	s := p.judge(ctx, msg, err, f, took)
-	h := healthNone
+	hl := healthNone
 	if s.retryable {
-		h = healthFail
+		hl = healthFail
 	}
 	if p.held && ctx.Err() != nil {
 		p.rec.retrying(msg, s.took, 0, s.fault)
-		return turnResult{cutOff: true, health: h}
+		return turnResult{cutOff: true, health: hl}
 	}
 	if s.outcome == OutcomeRetry && p.budget != nil && !p.budget.spend(time.Now()) {
 		s.outcome, s.reason = OutcomeDeadLettered, ReasonBudget
 	}
 	if s.outcome == OutcomeDeadLettered {
-		return p.deadLetter(d, msg, s.took, s.reason, s.fault, true, h)
+		return p.deadLetter(d, h, msg, s.took, s.reason, s.fault, true, hl)
 	}
-	p.rec.retrying(msg, s.took, s.delay, s.fault)
 	if !p.held {
 		if it.last == nil {
 			it.last = new(step)
 		}
-		*it.last = s
+		*it.last = s // before the event: a stop that abandons its hook copies it
 	}
-	return turnResult{delay: s.delay, health: h}
+	p.rec.retryingIn(h, msg, s.took, s.delay, s.fault)
+	return turnResult{delay: s.delay, health: hl}
 }
 
 // deadLetter stores msg's dead letter (under the delivery's ID when d
 // names one) and ends the turn; a transport's message whose dead letter
 // the store failed until the stop stays with the transport.
-func (p *pipeline) deadLetter(d Delivery, msg *Message, took timing, reason string, f fault, attempted bool, h health) turnResult {
+func (p *pipeline) deadLetter(d Delivery, h *hand, msg *Message, took timing, reason string, f fault, attempted bool, hl health) turnResult {
 	rec := &p.rec
 	if ider, ok := d.(DeadLetterIDer); ok {
 		if id := ider.DeadLetterID(); id != "" {
@@ -238,10 +257,10 @@ func (p *pipeline) deadLetter(d Delivery, msg *Message, took timing, reason stri
 			rec = &named
 		}
 	}
-	if err := rec.deadLetter(msg, took, reason, f, attempted); p.held && err != nil && !errors.Is(err, ErrDeadLetterRefused) {
-		return turnResult{cutOff: true, health: h}
+	if err := rec.deadLetterThen(msg, took, reason, f, attempted, nil, h); p.held && err != nil && !errors.Is(err, ErrDeadLetterRefused) {
+		return turnResult{cutOff: true, health: hl}
 	}
-	return turnResult{ended: true, reason: reason, health: h}
+	return turnResult{ended: true, reason: reason, health: hl}
 }
 
 // errGoexit is the panic value of an attempt whose handler called
@@ -256,11 +275,12 @@ func goexitFailure() (error, failure) {
 }
 
 // goexited ends the attempt of it whose handler called runtime.Goexit, as
-// if it had panicked.
-func (p *pipeline) goexited(ctx context.Context, it *laneItem) turnResult {
+// if it had panicked (in memory: a transport's attempt runs on a goroutine
+// of its own, attemptKeptAlive).
+func (p *pipeline) goexited(ctx context.Context, it *laneItem, h *hand) turnResult {
 	p.rec.c.failed.Add(1)
 	err, f := goexitFailure()
-	return p.after(ctx, it, err, f, timing{}, nil)
+	return p.after(ctx, it, err, f, timing{}, h, nil)
 }
 
 // cutOff ends it, which a Close or Unsubscribe whose context ended took
@@ -269,38 +289,39 @@ func (p *pipeline) goexited(ctx context.Context, it *laneItem) turnResult {
 // twice), anything else is dead-lettered with the stop's reason, showing
 // the message as last delivered with that attempt's failure (whose event
 // was already emitted).
-func (p *pipeline) cutOff(ctx context.Context, it *laneItem) {
+func (p *pipeline) cutOff(ctx context.Context, it *laneItem, h *hand) {
 	msg := &it.env.msg
 	if p.dedup != nil && !it.redriven {
-		if d := p.dedupKey(&it.env, false); p.seen(&d) {
-			p.rec.deduplicated(msg)
+		if d := p.dedupKey(&it.env, false); p.seenIn(h, &d) {
+			p.rec.deduplicatedIn(h, msg)
 			return
 		}
 	}
 	if it.last == nil || msg.Attempt == 0 {
-		p.rec.deadLetter(msg, timing{}, abortReason(ctx), brokerFault(abortCode(ctx), context.Cause(ctx)), false)
+		p.rec.deadLetterThen(msg, timing{}, abortReason(ctx), brokerFault(abortCode(ctx), context.Cause(ctx)), false, nil, h)
 		return
 	}
-	p.rec.deadLetter(msg, timing{}, abortReason(ctx), it.last.fault, false)
+	p.rec.deadLetterThen(msg, timing{}, abortReason(ctx), it.last.fault, false, nil, h)
 }
 
 // overflow dead-letters it, shed from a full lane, and calls counted once
 // it ended. A copy of an ID already delivered here is deduplicated instead
 // (redriving its dead letter would run a delivered ID again).
-func (p *pipeline) overflow(it *laneItem, counted func()) {
+func (p *pipeline) overflow(it *laneItem, counted func(), h *hand) {
 	msg := &it.env.msg
 	if p.dedup != nil && !it.redriven {
-		if d := p.dedupKey(&it.env, false); p.seen(&d) {
-			p.rec.deduplicated(msg)
-			counted()
+		if d := p.dedupKey(&it.env, false); p.seenIn(h, &d) {
+			if p.rec.deduplicatedIn(h, msg) {
+				counted()
+			}
 			return
 		}
 	}
 	if it.last != nil {
-		p.rec.deadLetterThen(msg, timing{}, ReasonOverflow, it.last.fault, false, counted)
+		p.rec.deadLetterThen(msg, timing{}, ReasonOverflow, it.last.fault, false, counted, h)
 		return
 	}
-	p.rec.deadLetterThen(msg, timing{}, ReasonOverflow, p.overflowFault, false, counted)
+	p.rec.deadLetterThen(msg, timing{}, ReasonOverflow, p.overflowFault, false, counted, h)
 }
 
 // dedupRef names one message at this subscriber for the idempotency store:
@@ -338,11 +359,21 @@ func (p *pipeline) dedupKey(env *envelope, redriven bool) dedupRef {
 // seen asks the idempotency store whether d was delivered. A store error
 // counts as "not seen": a duplicate is within the contract, a loss is not.
 // The store gets the subscription's store ctx (see storeContext).
-func (p *pipeline) seen(d *dedupRef) bool {
+func (p *pipeline) seen(d *dedupRef) bool { return p.seenIn(nil, d) }
+
+// seenIn is seen by the goroutine whose hand is h: false if a stop
+// abandoned it meanwhile.
+func (p *pipeline) seenIn(h *hand, d *dedupRef) bool {
 	if p.mem != nil {
 		return p.mem.seen(d.slot)
 	}
+	if !h.enter() {
+		return false
+	}
 	seen, err := p.dedup.Seen(p.rec.storeCtx, d.key)
+	if !h.leave() {
+		return false
+	}
 	if err != nil {
 		p.logStoreError("Seen", d.key.MessageID, err)
 		return false // whatever it said: a duplicate is allowed, a loss is not
@@ -351,12 +382,19 @@ func (p *pipeline) seen(d *dedupRef) bool {
 }
 
 // record tells the idempotency store that d was delivered.
-func (p *pipeline) record(d *dedupRef) {
+func (p *pipeline) record(d *dedupRef) { p.recordIn(nil, d) }
+
+// recordIn is record by the goroutine whose hand is h.
+func (p *pipeline) recordIn(h *hand, d *dedupRef) {
 	if p.mem != nil {
 		p.mem.record(d.slot)
 		return
 	}
-	if err := p.dedup.Record(p.rec.storeCtx, d.key); err != nil {
+	if !h.enter() {
+		return
+	}
+	err := p.dedup.Record(p.rec.storeCtx, d.key)
+	if h.leave() && err != nil {
 		p.logStoreError("Record", d.key.MessageID, err)
 	}
 }

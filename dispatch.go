@@ -23,10 +23,9 @@ type topic struct {
 	// waits for room in a lane (and for messages): an Unsubscribe at its
 	// deadline takes it to claim what its subscriber is still owed (see
 	// claimOwed). It guards route.
-	routeMu  sync.Mutex
-	route    batchRoute
-	leaving  []*Subscription // unsubscribing, still owed messages (guarded by mu)
-	nLeaving atomic.Int32    // len(leaving), read without the lock
+	routeMu sync.Mutex
+	route   batchRoute
+	leaving []*Subscription // unsubscribing, still owed messages (guarded by mu)
 
 	blockMu sync.Mutex // guards blocked, and the move of a wait into its subscriber's total
 	blocked blockedOn  // whose full lane the dispatcher waits for, since when; s is nil when it does not
@@ -226,9 +225,7 @@ func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 		t.q.TakenN(p - done)
 		t.dispatched.Add(uint64(p - done))
 		done = p
-		if t.nLeaving.Load() > 0 {
-			t.finishLeaving(false)
-		}
+		t.finishLeaving(false)
 	}
 	freePrefix := func() {
 		if p := minOf(r.got, n); p > done {
@@ -275,16 +272,11 @@ func (t *topic) leave(s *Subscription) {
 		close(s.left)
 		return
 	}
+	// The dispatcher adds to dispatched, then looks at leaving under mu:
+	// it sees s, or this saw what it added.
 	s.leaveAt.Store(w)
 	t.leaving = append(t.leaving, s)
-	t.nLeaving.Add(1)
 	t.mu.Unlock()
-	// The dispatcher adds to dispatched, then looks at nLeaving; this looks
-	// at dispatched again after adding to nLeaving: one of the two sees the
-	// other, so a release that raced the first look is not missed.
-	if t.dispatched.Load() >= w {
-		t.finishLeaving(false)
-	}
 }
 
 // finishLeaving takes out of the routing snapshot the leaving subscribers
@@ -292,6 +284,10 @@ func (t *topic) leave(s *Subscription) {
 func (t *topic) finishLeaving(all bool) {
 	var gone []*Subscription
 	t.mu.Lock()
+	if len(t.leaving) == 0 {
+		t.mu.Unlock()
+		return
+	}
 	kept := t.leaving[:0]
 	for _, s := range t.leaving {
 		if all || t.dispatched.Load() >= s.leaveAt.Load() {
@@ -303,7 +299,6 @@ func (t *topic) finishLeaving(all bool) {
 	}
 	clear(t.leaving[len(kept):])
 	t.leaving = kept
-	t.nLeaving.Store(int32(len(kept)))
 	t.mu.Unlock()
 	for _, s := range gone {
 		s.closeLanes()
@@ -441,10 +436,8 @@ func (t *topic) tryRetire() {
 }
 
 // removeSubLocked takes s out of the routing snapshot (it stays in active
-// until its Unsubscribe returns, keeping the name taken). A dispatcher that
-// still holds an older snapshot sees s.removed and routes nothing more to it.
+// until its Unsubscribe returns, keeping the name taken).
 func (t *topic) removeSubLocked(s *Subscription) {
-	s.removed.Store(true)
 	old := *t.subs.Load()
 	subs := make([]*Subscription, 0, len(old))
 	for _, x := range old {

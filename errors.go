@@ -53,10 +53,14 @@ var (
 type DrainError struct {
 	Reason       string // ReasonShutdown or ReasonUnsubscribed
 	DeadLettered int    // messages dead-lettered with Reason (lost ones included)
-	// Abandoned is how many of them were running in handlers that had not
-	// returned ShutdownGrace after their context was cancelled: those
-	// handlers were left running, and what they return is logged and
-	// ignored.
+	// Abandoned is how many calls of plugged-in code the stop gave up on:
+	// handlers (middleware included), store methods and Observer hooks
+	// still running ShutdownGrace after the handlers' context was
+	// cancelled, and any still running at the stop's deadline
+	// (2×ShutdownGrace, see ShutdownGrace). Those calls were left running,
+	// and what they return is logged and ignored. An abandoned handler's
+	// message is dead-lettered; the messages a call abandoned at the
+	// deadline held count as Lost.
 	Abandoned int
 	// Lost is how many dead letters (with any reason) the store refused
 	// during the stop, until its deadline or for good (ErrDeadLetterRefused):
@@ -80,7 +84,7 @@ func (e *DrainError) Error() string {
 		s = fmt.Sprintf("broker: stopped: %d messages dead-lettered with reason %q", e.DeadLettered, e.Reason)
 	}
 	if e.Abandoned > 0 {
-		s += fmt.Sprintf(", %d of them in abandoned handlers", e.Abandoned)
+		s += fmt.Sprintf(", %d calls of plugged-in code (handlers, stores, observers) abandoned", e.Abandoned)
 	}
 	if e.Lost > 0 {
 		s += fmt.Sprintf("; %d dead letters lost: the store refused them (logged with every field)", e.Lost)

@@ -141,13 +141,12 @@ type lane struct {
 	// A lone worker takes up to batch queued messages under one lock and
 	// starts them one by one: until it starts one, a message is local, and
 	// counts as queued and against the capacity. local and running move
-	// without the lock; roomWanted tells a worker starting a message that a
+	// without the lock; room.Wanted tells a worker starting a message that a
 	// producer waits for room. (The lane's first version took one message
 	// per lock: W1 +38% against the old per-worker lanes, bench/ab.sh, six
 	// rounds; batching brought it back, and these atomics are its price.)
-	local      atomic.Int64
-	running    atomic.Int64
-	roomWanted atomic.Bool
+	local   atomic.Int64
+	running atomic.Int64
 	// localSince is the PublishedAt (Unix nanoseconds) of the first message
 	// of the last batch taken: no message still local is older.
 	localSince atomic.Int64
@@ -160,7 +159,7 @@ type lane struct {
 
 	closed  bool          // no more pushes; workers finish what is left
 	stopped bool          // stopped at once: workers return, the stopper dead-letters the rest
-	room    chan struct{} // closed when room appears; nil while no producer waits
+	room    queue.Room    // producers waiting for room
 	br      *breaker      // nil: none
 	shed    *atomic.Int64 // the subscriber's in-flight count: a shed message counts there until it is dead-lettered
 
@@ -363,8 +362,8 @@ func (l *lane) takeShed(buf []laneItem) []laneItem {
 	n := min(l.overflowed.Len(), laneBatch)
 	buf = l.overflowed.PopN(buf, n)
 	switch {
-	case n > 0 && l.room != nil:
-		l.openRoomLocked()
+	case n > 0:
+		l.room.Open()
 	case n == 0:
 		l.shedding = false
 		close(l.shedDone)
@@ -511,11 +510,11 @@ func (l *lane) pushWait(it laneItem, noShed bool, stop1, stop2 <-chan struct{}, 
 		err = l.pushLocked(it, noShed)
 		if err == queue.ErrFull {
 			// Say so before looking again: a worker that starts a message
-			// (and so makes room) without the lock reads roomWanted after
+			// (and so makes room) without the lock reads room.Wanted after
 			// lowering local (see start); one of the two sees the other.
-			l.roomWanted.Store(true)
-			if err = l.pushLocked(it, noShed); err != queue.ErrFull && l.room == nil {
-				l.roomWanted.Store(false) // no producer waits after all
+			l.room.Want()
+			if err = l.pushLocked(it, noShed); err != queue.ErrFull {
+				l.room.Found()
 			}
 		}
 		if err != queue.ErrFull {
@@ -525,10 +524,7 @@ func (l *lane) pushWait(it laneItem, noShed bool, stop1, stop2 <-chan struct{}, 
 			}
 			return err
 		}
-		if l.room == nil {
-			l.room = make(chan struct{})
-		}
-		room := l.room
+		room := l.room.Wait()
 		l.mu.Unlock()
 		if start.IsZero() {
 			start = time.Now()
@@ -553,17 +549,9 @@ func (l *lane) pushWait(it laneItem, noShed bool, stop1, stop2 <-chan struct{}, 
 
 // roomLocked wakes the producers waiting for room, if there is some.
 func (l *lane) roomLocked() {
-	if l.room != nil && !l.fullLocked() {
-		l.openRoomLocked()
+	if !l.fullLocked() {
+		l.room.Open()
 	}
-}
-
-// openRoomLocked wakes the producers waiting for room (l.room is not nil):
-// they look again.
-func (l *lane) openRoomLocked() {
-	close(l.room)
-	l.room = nil
-	l.roomWanted.Store(false)
 }
 
 // take waits for messages a worker may run and appends them to buf: up to
@@ -607,7 +595,7 @@ func (l *lane) take(buf []laneItem) (_ []laneItem, probe, ok bool) {
 func (l *lane) start() {
 	l.running.Add(1)
 	l.local.Add(-1)
-	if l.roomWanted.Load() {
+	if l.room.Wanted() {
 		l.mu.Lock()
 		l.roomLocked()
 		l.mu.Unlock()
@@ -699,9 +687,7 @@ func (l *lane) unpark(p *parked) {
 func (l *lane) close() {
 	l.mu.Lock()
 	l.closed = true
-	if l.room != nil {
-		l.openRoomLocked()
-	}
+	l.room.Open()
 	l.work.Broadcast()
 	l.mu.Unlock()
 }
@@ -724,9 +710,7 @@ func (l *lane) stop(inFlight func(int)) (waiting, overflowed []laneItem) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.closed, l.stopped = true, true
-	if l.room != nil {
-		l.openRoomLocked()
-	}
+	l.room.Open()
 	if l.br != nil {
 		l.br.stopped = true
 		l.br.stopTimer()

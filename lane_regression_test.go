@@ -270,7 +270,7 @@ func TestLaneStartPushWaitRace(t *testing.T) {
 		case <-time.After(200 * time.Millisecond):
 			lost++
 			l.mu.Lock()
-			t.Logf("iteration %d: producer still waits; waiting=%d local=%d running=%d roomWanted=%v", i, l.waitingLocked(), l.local.Load(), l.running.Load(), l.roomWanted.Load())
+			t.Logf("iteration %d: producer still waits; waiting=%d local=%d running=%d roomWanted=%v", i, l.waitingLocked(), l.local.Load(), l.running.Load(), l.room.Wanted())
 			l.mu.Unlock()
 			close(stop)
 			<-done

@@ -3,6 +3,8 @@ package broker
 import (
 	"context"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 )
 
@@ -14,7 +16,15 @@ import (
 // ended and they cancelled the handlers' contexts, for the handlers to
 // return. A handler still running then is abandoned: its message is
 // dead-lettered (counted in DrainError.Abandoned), and what it returns
-// later is logged and ignored.
+// later is logged and ignored. So is other plugged-in code (middleware, a
+// store method, an Observer hook) still running then.
+//
+// A stop has one deadline: 2×ShutdownGrace after its context ended (one
+// grace for the handlers, one for the dead letters of what it cut off and
+// abandoned), when the stores' ctx ends too. By then Close and Unsubscribe
+// return, whatever plugged-in code does: a call still running is
+// abandoned (counted in DrainError.Abandoned, logged at Error), and the
+// messages it held count as dead letters no store took (DrainError.Lost).
 const ShutdownGrace = 250 * time.Millisecond
 
 // Close shuts the broker down accounting for every message: each one ends
@@ -32,9 +42,12 @@ const ShutdownGrace = 250 * time.Millisecond
 // redrive them after the restart (RedriveMatching with Reason
 // "shutdown"). Like
 // http.Server.Shutdown, it honours its context: a handler that ignores its
-// own is abandoned after the grace, and is the only goroutine of the broker
-// that may outlive Close. Otherwise every goroutine of the broker has ended
-// when Close returns, and no attempt starts after it.
+// own is abandoned after the grace, and it returns by its deadline, 2×
+// ShutdownGrace after ctx ended, whatever plugged-in code does (see
+// ShutdownGrace). The calls it abandoned are the only goroutines of the
+// broker that may outlive Close (with a dispatcher stuck in one).
+// Otherwise every goroutine of the broker has ended when Close returns,
+// and no attempt starts after it.
 //
 // Close also waits for the Unsubscribes in progress, so that no dead letter
 // of theirs comes after it returns.
@@ -70,35 +83,50 @@ func (b *Broker) Close(ctx context.Context) error {
 		t.q.Close()
 	}
 	drained := make(chan struct{})
-	go func() { // ends when every dispatcher, worker and Redrive has
+	go func() { // ends when every dispatcher, shedder, worker and Redrive has (or a worker was abandoned)
 		b.wg.Wait()
+		for _, t := range topics {
+			for _, s := range t.activeSubs() {
+				<-s.done
+			}
+		}
 		b.redrive <- struct{}{} // taken for good: later Redrives see closeDone
 		close(drained)
 	}()
+	var deadline <-chan struct{} // the stop's deadline, once ctx ended
 	select {
 	case <-drained:
 	case <-ctx.Done():
 		b.abort(errShutdown)
+		dctx, cancel := context.WithTimeout(context.Background(), stopDeadline)
+		defer cancel()
+		deadline = dctx.Done()
+		var subs []*Subscription
 		for _, t := range topics {
-			for _, s := range t.activeSubs() {
-				s.stopNow()
-			}
+			subs = append(subs, t.activeSubs()...)
+		}
+		for _, s := range subs {
+			s.stopNow()
 		}
 		grace := time.NewTimer(ShutdownGrace)
 		select {
 		case <-drained:
 		case <-grace.C:
-			for _, t := range topics {
-				for _, s := range t.activeSubs() {
-					s.abandon()
-				}
+			for _, s := range subs {
+				s.abandon()
 			}
-			<-drained // the workers left return at once: their contexts are cancelled
 		}
 		grace.Stop()
+		select {
+		case <-drained: // the dispatchers' cut-offs included
+		case <-deadline: // a dispatcher stuck in plugged-in code is left behind
+		}
+		for _, s := range subs {
+			s.finishBy(deadline)
+		}
 	}
-	b.waitUnsubscribes() // also a cut-off an Unsubscribe began (stopNow runs inside it)
-	b.abort(errShutdown) // release the context's resources
+	b.waitUnsubscribes(deadline) // also a cut-off an Unsubscribe began
+	b.abort(errShutdown)         // release the context's resources
 	for _, t := range topics {
 		t.deactivate()
 	}
@@ -126,9 +154,11 @@ func (b *Broker) Close(ctx context.Context) error {
 // ShutdownGrace for them, and dead-letters every unfinished message with
 // reason "unsubscribed", returning a *DrainError that says how many. As
 // Close does, it abandons a handler that ignores its context (its message
-// is dead-lettered and counted in DrainError.Abandoned).
+// is dead-lettered and counted in DrainError.Abandoned), and it returns by
+// its deadline, 2×ShutdownGrace after ctx ended, whatever plugged-in code
+// does (see ShutdownGrace).
 //
-// When it returns, no handler of this subscription runs (an abandoned one
+// When it returns, no handler of this subscription runs (an abandoned call
 // aside) and its name is free on the topic. Do not call it from one of
 // this subscription's handlers without a deadline: it would wait for that
 // handler to return (start it in a goroutine instead).
@@ -178,11 +208,15 @@ func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 	select {
 	case <-s.done:
 		if stoppedAtOnce(s.ctx) { // Close's deadline passed meanwhile: its dead letters end before this returns
+			dctx, cancel := context.WithTimeout(context.Background(), stopDeadline)
 			s.stopNow()
-			s.waitCut()
+			s.finishBy(dctx.Done())
+			cancel()
 		}
 	case <-ctx.Done():
 		s.cancel(errUnsubscribed)
+		dctx, cancel := context.WithTimeout(context.Background(), stopDeadline)
+		defer cancel()
 		s.stopNow()
 		// Owed messages the dispatcher has not routed yet (it may wait for
 		// room in another subscriber's lane) are dead-lettered here, so that
@@ -190,36 +224,25 @@ func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 		// the grace to return.
 		grace := time.NewTimer(ShutdownGrace)
 		owed, claimed := t.claimOwed(s, grace.C)
+		jobs := make([]cutJob, len(owed))
 		for i := range owed {
-			s.cutOffUnrouted(&laneItem{env: owed[i]})
+			jobs[i] = cutJob{it: laneItem{env: owed[i]}, kind: cutUnrouted}
 		}
+		s.cutBy(jobs, false)
 		if claimed {
 			select {
 			case <-s.done:
 			case <-grace.C:
 				s.abandon()
-				<-s.done
 			}
 		} else {
 			// The dispatcher stayed busy (in an Observer or a store) for the
 			// whole grace: what it routes s from now on, it dead-letters
 			// itself, after Unsubscribe returned.
 			s.abandon()
-			<-s.done
 		}
 		grace.Stop()
-		s.waitCut() // Close may be cutting it off too
-		// The shedder finishes the batch it took before the stop, giving up
-		// at once a put the store fails (a loss): wait for it, within a
-		// grace of its own, so that the DrainError counts those losses.
-		if done := s.lane.shedderDone(); done != nil {
-			wait := time.NewTimer(ShutdownGrace)
-			select {
-			case <-done:
-			case <-wait.C:
-			}
-			wait.Stop()
-		}
+		s.finishBy(dctx.Done()) // Close's cut-off too, and the shedder's batch
 	}
 	s.cancel(errReleased) // no-op after an abort; else marks a graceful end
 	t.mu.Lock()
@@ -237,40 +260,196 @@ func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 	return nil
 }
 
-// stopNow dead-letters every message waiting in the lane, after its
-// context was cancelled with the reason: the workers return after their
-// current attempt.
+// stopDeadline is how long after its ctx ended a stop returns at the
+// latest, whatever plugged-in code does: ShutdownGrace for the handlers,
+// then one more for the dead letters of what it cut off and abandoned
+// (the stores' ctx ends then too, see storeContext).
+const stopDeadline = 2 * ShutdownGrace
+
+// stopNow hands every message waiting in the lane to a cutter, which
+// dead-letters them, after the subscription's context was cancelled with
+// the reason: the workers return after their current attempt.
 //
 // The first call (Close's or Unsubscribe's) does it; a later one returns
-// at once (see waitCut).
+// at once.
 func (s *Subscription) stopNow() {
 	if !s.cutting.CompareAndSwap(false, true) {
 		return
 	}
-	defer close(s.cut)
 	items, overflowed := s.lane.stop(func(n int) { s.c.inFlight.Add(int64(n)) })
+	jobs := make([]cutJob, 0, len(items)+len(overflowed))
 	for i := range overflowed {
-		s.overflowed(&overflowed[i])
+		jobs = append(jobs, cutJob{it: overflowed[i], kind: cutOverflowed})
 	}
 	for i := range items {
-		s.pipe.cutOff(s.ctx, &items[i])
-		s.c.inFlight.Add(-1)
+		jobs = append(jobs, cutJob{it: items[i], kind: cutQueued})
+	}
+	s.cutBy(jobs, false)
+}
+
+// cutJob is a message a stop took, for a cutter to end.
+type cutJob struct {
+	it   laneItem
+	kind int
+}
+
+// What a cutJob's message is.
+const (
+	cutQueued     = iota // waited in the lane (or in a worker's batch), counted in flight
+	cutOverflowed        // shed, counted in flight, for an overflow dead letter
+	cutAbandoned         // its handler was abandoned: dead-lettered with the attempt's event
+	cutUnrouted          // owed, never routed: counted routed and in flight
+)
+
+// cutter ends the messages a stop took (from the lane, from the workers
+// it abandoned, owed ones never routed): it dead-letters them with the
+// stop's reason. Its jobs do not change once it runs; its hand lets the
+// stop give up on it at its deadline.
+type cutter struct {
+	jobs []cutJob
+	h    hand
+	done chan struct{}
+}
+
+// cutBy ends jobs in a cutter: a goroutine of its own, or (inline) the
+// caller's. finishBy waits for it.
+func (s *Subscription) cutBy(jobs []cutJob, inline bool) {
+	if len(jobs) == 0 {
+		return
+	}
+	for i := range jobs {
+		if jobs[i].kind == cutUnrouted {
+			s.c.routed.Add(1)
+			s.c.inFlight.Add(1)
+		}
+	}
+	c := &cutter{jobs: jobs, done: make(chan struct{})}
+	c.h.hold(len(jobs))
+	s.wmu.Lock()
+	s.cutters = append(s.cutters, c)
+	s.wmu.Unlock()
+	if inline {
+		s.cut(c)
+		return
+	}
+	go s.cut(c)
+}
+
+func (s *Subscription) cut(c *cutter) {
+	defer close(c.done)
+	for i := range c.jobs {
+		j := &c.jobs[i]
+		switch j.kind {
+		case cutOverflowed:
+			s.pipe.overflow(&j.it, func() { s.c.inFlight.Add(-1) }, &c.h)
+		case cutAbandoned:
+			s.pipe.rec.deadLetterThen(&j.it.env.msg, timing{}, abortReason(s.ctx), abandonedFault(s.ctx), true,
+				func() { s.c.inFlight.Add(-1) }, &c.h)
+		default:
+			s.pipe.cutOff(s.ctx, &j.it, &c.h)
+			if c.h.word.Load()&handEnded != 0 { // else the stop that gave up on c counts it
+				s.c.inFlight.Add(-1)
+			}
+		}
+		if !c.h.next() {
+			return
+		}
 	}
 }
 
-// waitCut waits, ShutdownGrace at most (a plug-in the cut-off calls may
-// itself be waiting for the caller), until a stop at once that began has
-// cut the lane off, so that none of its dead letters comes after the
-// caller returns.
-func (s *Subscription) waitCut() {
-	if !s.cutting.Load() {
+// finishBy waits until the subscription's workers and cutters are done
+// (and the shedder's batch), or deadline: then it gives up on those left,
+// counting what they held as dead letters no store took (lost) and each
+// one inside plugged-in code as abandoned. What they do later is
+// ignored.
+func (s *Subscription) finishBy(deadline <-chan struct{}) {
+	expired := false
+	wait := func(ch <-chan struct{}) {
+		if !expired {
+			select {
+			case <-ch:
+			case <-deadline:
+				expired = true
+			}
+		}
+	}
+	wait(s.done)
+	s.wmu.Lock()
+	cutters := slices.Clone(s.cutters)
+	s.wmu.Unlock()
+	for _, c := range cutters {
+		wait(c.done)
+	}
+	// The shedder finishes the batch it took before the stop, giving up at
+	// once a put the store fails (a loss), so that the DrainError counts
+	// those losses: it gets a grace; one still in a Put then is only
+	// logged, and its dead letter is stored if the store takes it before
+	// the stores' ctx ends.
+	if done := s.lane.shedderDone(); done != nil && !expired {
+		grace := time.NewTimer(ShutdownGrace)
+		select {
+		case <-done:
+		case <-grace.C:
+		case <-deadline:
+			expired = true
+		}
+		grace.Stop()
+	}
+	if !expired {
 		return
 	}
-	t := time.NewTimer(ShutdownGrace)
-	defer t.Stop()
-	select {
-	case <-s.cut:
-	case <-t.C:
+	reason := abortReason(s.ctx)
+	for _, c := range cutters {
+		if w, from, n, ok := c.h.abandon(false); ok {
+			var ids []string
+			for _, j := range c.jobs[from:n] {
+				why := reason
+				if j.kind == cutOverflowed {
+					why = ReasonOverflow
+				}
+				s.c.inFlight.Add(-1)
+				s.lostAtDeadline(why)
+				ids = append(ids, j.it.env.msg.ID)
+			}
+			s.gaveUp(w, ids)
+		}
+	}
+	s.wmu.Lock()
+	ws := slices.Collect(maps.Keys(s.ws))
+	s.wmu.Unlock()
+	for _, wk := range ws {
+		if w, from, n, ok := wk.h.abandon(false); ok {
+			var ids []string
+			for k := from; k < n; k++ {
+				s.lostAtDeadline(reason)
+				ids = append(ids, wk.buf[k].env.msg.ID) // the worker writes no ID
+			}
+			s.gaveUp(w, ids)
+		}
+		s.dropWorker(wk)
+	}
+}
+
+// lostAtDeadline counts a message the stop gave up on at its deadline:
+// dead-lettered with reason, in no store.
+func (s *Subscription) lostAtDeadline(reason string) {
+	s.c.dlErrors.Add(1)
+	s.c.deadLettered.Add(1)
+	s.countDeadLetter(reason, true)
+}
+
+// gaveUp counts and logs a goroutine the stop gave up on at its deadline
+// (w: its hand's word then), with the IDs of the messages it held.
+func (s *Subscription) gaveUp(w uint64, ids []string) {
+	if w&handPlug != 0 {
+		s.countAbandoned()
+	}
+	if len(ids) > 0 || w&handPlug != 0 {
+		s.b.cfg.logger.LogAttrs(context.Background(), slog.LevelError,
+			"broker: the stop's deadline passed while plugged-in code (a store, an Observer, a handler or middleware) had not returned: "+
+				"abandoned; the messages it held are in no store (counted lost)",
+			slog.String("topic", s.topicName), slog.String("subscriber", s.name),
+			slog.String("reason", abortReason(s.ctx)), slog.Any("message_ids", ids))
 	}
 }
 
@@ -292,10 +471,10 @@ func (b *Broker) endUnsubscribe() {
 }
 
 // waitUnsubscribes waits until no Unsubscribe is in progress, so that none
-// of their dead letters comes after Close returns. Each ends within its own
-// context and ShutdownGrace, and soon once Close stopped every
-// subscription.
-func (b *Broker) waitUnsubscribes() {
+// of their dead letters comes after Close returns, or until deadline
+// (nil: none). Each ends by its own deadline, and soon once Close stopped
+// every subscription.
+func (b *Broker) waitUnsubscribes(deadline <-chan struct{}) {
 	b.unsubMu.Lock()
 	if b.unsubs == 0 {
 		b.unsubMu.Unlock()
@@ -306,7 +485,10 @@ func (b *Broker) waitUnsubscribes() {
 	}
 	idle := b.unsubsIdle
 	b.unsubMu.Unlock()
-	<-idle
+	select {
+	case <-idle:
+	case <-deadline:
+	}
 }
 
 // countAbandoned counts a handler a stop abandoned, for its DrainError.
@@ -337,43 +519,52 @@ func (s *Subscription) countDeadLetter(reason string, lost bool) {
 	}
 }
 
-// abandon gives up on the workers whose handlers still run after a stop's
-// grace: each such message is dead-lettered with the stop's reason (and
-// counted apart, as abandoned), with the messages its worker had taken and
-// not started, and the worker stops counting as live. It returns how many
-// handlers it abandoned.
-func (s *Subscription) abandon() int {
+// abandon gives up on the workers inside plugged-in code (a handler,
+// middleware, a store, an Observer) a stop's grace after it cancelled
+// their context: the messages each held and had not ended go to a cutter
+// (the one whose handler ran is dead-lettered with the stop's reason and
+// the attempt's event), the worker is counted abandoned, and the stop
+// waits for it no longer. What it does when its call returns is ignored.
+func (s *Subscription) abandon() {
 	s.wmu.Lock()
-	var stuck []*worker
-	for w := range s.ws {
-		if w.state.CompareAndSwap(workerAttempting, workerAbandoned) {
-			stuck = append(stuck, w)
-			delete(s.ws, w)
-		}
-	}
+	ws := slices.Collect(maps.Keys(s.ws))
 	s.wmu.Unlock()
-	for _, w := range stuck {
-		// The worker is inside the handler and touches nothing else of its
+	for _, w := range ws {
+		word, from, n, ok := w.h.abandon(true)
+		if !ok {
+			continue
+		}
+		// The worker is inside plugged-in code and touches nothing of its
 		// own until it returns (then it sees it was abandoned).
-		it := &w.buf[w.i]
-		s.c.failed.Add(1) // the attempt ran; its end is never recorded
-		s.c.inFlight.Add(1)
-		s.lane.dropped()
-		s.pipe.rec.deadLetter(&it.env.msg, timing{}, abortReason(s.ctx), abandonedFault(s.ctx), true) // the attempt ran: its event too
-		s.c.inFlight.Add(-1)
-		s.countAbandoned()
-		for k := w.i + 1; k < w.n; k++ { // taken, never started
+		i := int(word >> handIShift & handIMask)
+		jobs := make([]cutJob, 0, n-from)
+		if word&handEnded != 0 {
+			s.lane.dropped() // message i ended; its worker never hands it back
+		}
+		for k := from; k < n; k++ {
+			kind := cutQueued
+			switch {
+			case k == i && word&handHandler != 0:
+				kind = cutAbandoned
+				s.c.failed.Add(1) // the attempt ran; its end is never recorded
+				s.lane.dropped()
+			case k == i:
+				s.lane.dropped()
+			default: // taken, never started
+				s.lane.local.Add(-1)
+			}
 			s.c.inFlight.Add(1)
-			s.lane.local.Add(-1)
-			s.pipe.cutOff(s.ctx, &w.buf[k])
-			s.c.inFlight.Add(-1)
+			jobs = append(jobs, cutJob{it: w.buf[k], kind: kind})
 		}
-		if s.live.Add(-1) == 0 {
-			close(s.done)
-		}
-		s.b.wg.Done()
+		s.countAbandoned()
+		s.b.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
+			"broker: plugged-in code (a handler, middleware, a store or an Observer) had not returned ShutdownGrace after the stop "+
+				"cancelled its context: abandoned; the stop dead-letters the messages its worker held, and ignores what it returns",
+			slog.String("topic", s.topicName), slog.String("subscriber", s.name), slog.String("message_id", w.buf[i].env.msg.ID),
+			slog.Bool("handler", word&handHandler != 0), slog.String("reason", abortReason(s.ctx)))
+		s.cutBy(jobs, false)
+		s.dropWorker(w) // given up on: the stops wait for it no longer
 	}
-	return len(stuck)
 }
 
 // ignored logs what an abandoned handler returned.

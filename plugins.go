@@ -41,15 +41,28 @@ func (g guard) recovered(plugin, method string, v any) error {
 	return err
 }
 
-// call runs f, plugged-in code's method, its panic being its error
-// (logged and counted).
-func (g guard) call(plugin, method string, f func() error) (err error) {
+// guarded runs f, a call of plugged-in code's method: a panic there is
+// its error (logged and counted), with a zero v. It is the one guard of
+// every plugged-in call; f does not escape, so it costs no allocation.
+func guarded[T any](g guard, plugin, method string, f func() (T, error)) (v T, err error) {
 	defer func() {
 		if e := g.recovered(plugin, method, recover()); e != nil {
 			err = e
 		}
 	}()
 	return f()
+}
+
+// call is guarded for a method that returns only an error.
+func (g guard) call(plugin, method string, f func() error) error {
+	_, err := guarded(g, plugin, method, func() (struct{}, error) { return struct{}{}, f() })
+	return err
+}
+
+// do is guarded for a method that returns nothing (an Observer's hook:
+// its panic loses that event).
+func (g guard) do(plugin, method string, f func()) {
+	_ = g.call(plugin, method, func() error { f(); return nil })
 }
 
 // guardedLogHandler is the user's slog.Handler with its panics recovered
@@ -114,59 +127,38 @@ type guardedDLQ struct {
 	g guard
 }
 
-func (d guardedDLQ) Put(ctx context.Context, dl DeadLetter) (err error) {
-	defer func() {
-		if e := d.g.recovered("DeadLetterStore", "Put", recover()); e != nil {
-			err = e
-		}
-	}()
-	return d.s.Put(ctx, dl)
+func (d guardedDLQ) Put(ctx context.Context, dl DeadLetter) error {
+	return d.g.call("DeadLetterStore", "Put", func() error { return d.s.Put(ctx, dl) })
 }
 
 // evicted is the store's Evicted() count, if it has one (0 if it panics).
-func (d guardedDLQ) evicted() (n uint64) {
+func (d guardedDLQ) evicted() uint64 {
 	e, ok := d.s.(interface{ Evicted() uint64 })
 	if !ok {
 		return 0
 	}
-	defer func() { d.g.recovered("DeadLetterStore", "Evicted", recover()) }() // n stays 0
-	return e.Evicted()
+	n, _ := guarded(d.g, "DeadLetterStore", "Evicted", func() (uint64, error) { return e.Evicted(), nil })
+	return n
 }
 
-func (d guardedDLQ) List(ctx context.Context, f DeadLetterFilter) (_ []DeadLetter, err error) {
-	defer func() {
-		if e := d.g.recovered("DeadLetterStore", "List", recover()); e != nil {
-			err = e
-		}
-	}()
-	return d.s.List(ctx, f)
+func (d guardedDLQ) List(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error) {
+	return guarded(d.g, "DeadLetterStore", "List", func() ([]DeadLetter, error) { return d.s.List(ctx, f) })
 }
 
-func (d guardedDLQ) Get(ctx context.Context, id string) (_ DeadLetter, _ bool, err error) {
-	defer func() {
-		if e := d.g.recovered("DeadLetterStore", "Get", recover()); e != nil {
-			err = e
-		}
-	}()
-	return d.s.Get(ctx, id)
+func (d guardedDLQ) Get(ctx context.Context, id string) (dl DeadLetter, ok bool, err error) {
+	_, err = guarded(d.g, "DeadLetterStore", "Get", func() (_ struct{}, err error) {
+		dl, ok, err = d.s.Get(ctx, id)
+		return
+	})
+	return dl, ok, err
 }
 
-func (d guardedDLQ) Delete(ctx context.Context, ids ...string) (err error) {
-	defer func() {
-		if e := d.g.recovered("DeadLetterStore", "Delete", recover()); e != nil {
-			err = e
-		}
-	}()
-	return d.s.Delete(ctx, ids...)
+func (d guardedDLQ) Delete(ctx context.Context, ids ...string) error {
+	return d.g.call("DeadLetterStore", "Delete", func() error { return d.s.Delete(ctx, ids...) })
 }
 
-func (d guardedDLQ) Len(ctx context.Context) (_ int, err error) {
-	defer func() {
-		if e := d.g.recovered("DeadLetterStore", "Len", recover()); e != nil {
-			err = e
-		}
-	}()
-	return d.s.Len(ctx)
+func (d guardedDLQ) Len(ctx context.Context) (int, error) {
+	return guarded(d.g, "DeadLetterStore", "Len", func() (int, error) { return d.s.Len(ctx) })
 }
 
 // guardedDedup is an IdempotencyStore whose panics are errors.
@@ -175,22 +167,12 @@ type guardedDedup struct {
 	g guard
 }
 
-func (d guardedDedup) Seen(ctx context.Context, k DeliveryKey) (_ bool, err error) {
-	defer func() {
-		if e := d.g.recovered("IdempotencyStore", "Seen", recover()); e != nil {
-			err = e
-		}
-	}()
-	return d.s.Seen(ctx, k)
+func (d guardedDedup) Seen(ctx context.Context, k DeliveryKey) (bool, error) {
+	return guarded(d.g, "IdempotencyStore", "Seen", func() (bool, error) { return d.s.Seen(ctx, k) })
 }
 
-func (d guardedDedup) Record(ctx context.Context, k DeliveryKey) (err error) {
-	defer func() {
-		if e := d.g.recovered("IdempotencyStore", "Record", recover()); e != nil {
-			err = e
-		}
-	}()
-	return d.s.Record(ctx, k)
+func (d guardedDedup) Record(ctx context.Context, k DeliveryKey) error {
+	return d.g.call("IdempotencyStore", "Record", func() error { return d.s.Record(ctx, k) })
 }
 
 // guardedObserver is an Observer whose hooks' panics lose only that event.
@@ -200,37 +182,29 @@ type guardedObserver struct {
 }
 
 func (o guardedObserver) Published(e PublishEvent) {
-	defer func() { o.g.recovered("Observer", "Published", recover()) }()
-	o.o.Published(e)
+	o.g.do("Observer", "Published", func() { o.o.Published(e) })
 }
 
 func (o guardedObserver) Rejected(e RejectEvent) {
-	defer func() { o.g.recovered("Observer", "Rejected", recover()) }()
-	o.o.Rejected(e)
+	o.g.do("Observer", "Rejected", func() { o.o.Rejected(e) })
 }
 
 func (o guardedObserver) Unrouted(e UnroutedEvent) {
-	defer func() { o.g.recovered("Observer", "Unrouted", recover()) }()
-	o.o.Unrouted(e)
+	o.g.do("Observer", "Unrouted", func() { o.o.Unrouted(e) })
 }
 
 func (o guardedObserver) Attempted(e AttemptEvent) {
-	defer func() { o.g.recovered("Observer", "Attempted", recover()) }()
-	o.o.Attempted(e)
+	o.g.do("Observer", "Attempted", func() { o.o.Attempted(e) })
 }
 
 func (o guardedObserver) DeadLettered(e DeadLetterEvent) {
-	defer func() { o.g.recovered("Observer", "DeadLettered", recover()) }()
-	o.o.DeadLettered(e)
+	o.g.do("Observer", "DeadLettered", func() { o.o.DeadLettered(e) })
 }
 
 func (o guardedObserver) BreakerChanged(e BreakerEvent) {
-	bo, ok := o.o.(BreakerObserver)
-	if !ok {
-		return
+	if bo, ok := o.o.(BreakerObserver); ok {
+		o.g.do("Observer", "BreakerChanged", func() { bo.BreakerChanged(e) })
 	}
-	defer func() { o.g.recovered("Observer", "BreakerChanged", recover()) }()
-	bo.BreakerChanged(e)
 }
 
 // forSubscriber is o for the events of one subscriber: what o's
@@ -241,10 +215,11 @@ func (o guardedObserver) forSubscriber(topic, name string) (scoped guardedObserv
 		return o
 	}
 	scoped = o // also after a panic
-	defer func() { o.g.recovered("Observer", "ForSubscriber", recover()) }()
-	if s := so.ForSubscriber(topic, name); s != nil && !isNilValue(s) {
-		scoped.o = s
-	}
+	o.g.do("Observer", "ForSubscriber", func() {
+		if s := so.ForSubscriber(topic, name); s != nil && !isNilValue(s) {
+			scoped.o = s
+		}
+	})
 	return scoped
 }
 
@@ -305,21 +280,17 @@ func (m observers) BreakerChanged(e BreakerEvent) {
 
 // safeBackoff returns backoff(retry), or the default backoff's delay if it
 // panics.
-func (g guard) safeBackoff(backoff Backoff, retry int) (d time.Duration) {
-	defer func() {
-		if g.recovered("Backoff", "call", recover()) != nil {
-			d = exponential(DefaultBackoffBase, DefaultBackoffMax, retry)
-		}
-	}()
-	return backoff(retry)
+func (g guard) safeBackoff(backoff Backoff, retry int) time.Duration {
+	d, err := guarded(g, "Backoff", "call", func() (time.Duration, error) { return backoff(retry), nil })
+	if err != nil {
+		d = exponential(DefaultBackoffBase, DefaultBackoffMax, retry)
+	}
+	return d
 }
 
 // timesPublish is pt.TimesPublish(), false if it panics (logged and
 // counted).
-func (g guard) timesPublish(pt PublishTimer) (yes bool) {
-	_ = g.call("Observer", "TimesPublish", func() error {
-		yes = pt.TimesPublish()
-		return nil
-	})
+func (g guard) timesPublish(pt PublishTimer) bool {
+	yes, _ := guarded(g, "Observer", "TimesPublish", func() (bool, error) { return pt.TimesPublish(), nil })
 	return yes
 }

@@ -28,9 +28,11 @@ type recorder struct {
 }
 
 // storeGrace is how long after a stop's ctx ends the stores' calls get: the
-// handlers' ShutdownGrace (the stop's deadline), then one more for the dead
-// letters of what the stop cut off and abandoned.
-const storeGrace = 2 * ShutdownGrace
+// handlers' ShutdownGrace, then one more for the dead letters of what the
+// stop cut off and abandoned. It is the stop's deadline (stopDeadline): a
+// store that honours its ctx returns by the time the stop gives up on the
+// calls still running.
+const storeGrace = stopDeadline
 
 // storeContext is the ctx of a subscription's calls to the dead-letter and
 // idempotency stores: never cancelled while the subscription runs, it ends
@@ -57,8 +59,11 @@ const (
 // or the store refuses it for good (ErrDeadLetterRefused): then the last
 // error is returned. The worker (so the message's key) is
 // held meanwhile: a dead letter is never dropped while the broker runs.
-func (r *recorder) put(dl *DeadLetter) error {
-	err := r.dlq.Put(r.storeCtx, *dl)
+//
+// h is the caller's hand (see hand): a stop may abandon it while Put
+// runs, and then put returns errAbandoned at once.
+func (r *recorder) put(dl *DeadLetter, h *hand) error {
+	err := r.putIn(h, dl)
 	for retry := 1; err != nil && !errors.Is(err, ErrDeadLetterRefused); retry++ {
 		delay := exponential(putRetryBase, putRetryMax, retry)
 		if r.log.Enabled(context.Background(), slog.LevelWarn) {
@@ -74,7 +79,22 @@ func (r *recorder) put(dl *DeadLetter) error {
 			return err
 		case <-t.C:
 		}
-		err = r.dlq.Put(r.storeCtx, *dl)
+		err = r.putIn(h, dl)
+	}
+	return err
+}
+
+// errAbandoned is what a call a stop gave up on returns to the broker.
+var errAbandoned = errors.New("broker: the stop's deadline passed while the call ran: abandoned")
+
+// putIn is one Put, by the goroutine whose hand is h.
+func (r *recorder) putIn(h *hand, dl *DeadLetter) error {
+	if !h.enter() {
+		return errAbandoned
+	}
+	err := r.dlq.Put(r.storeCtx, *dl)
+	if !h.leave() {
+		return ErrDeadLetterRefused // no retry: the stop counted it
 	}
 	return err
 }
@@ -86,8 +106,8 @@ type timing struct {
 	d     time.Duration
 }
 
-func (r *recorder) attempted(msg *Message, t timing, code string, retryable bool, out Outcome, delay time.Duration, err error) {
-	if r.obs != nil {
+func (r *recorder) attempted(h *hand, msg *Message, t timing, code string, retryable bool, out Outcome, delay time.Duration, err error) {
+	if r.obs != nil && h.enter() {
 		attempt := msg.Attempt
 		if out == OutcomeDeduplicated {
 			attempt = 0 // also for a retry found delivered by another copy meanwhile
@@ -97,6 +117,7 @@ func (r *recorder) attempted(msg *Message, t timing, code string, retryable bool
 			Attempt: attempt, Start: t.start, Duration: t.d, ErrorCode: code, Retryable: retryable,
 			Outcome: out, Delay: delay, PublishedAt: msg.PublishedAt, Err: err,
 		})
+		h.leave()
 	}
 }
 
@@ -115,17 +136,35 @@ func brokerFault(code string, err error) fault {
 	return fault{code: code, err: err, text: err.Error()}
 }
 
-func (r *recorder) delivered(msg *Message, t timing) {
+func (r *recorder) delivered(msg *Message, t timing) { r.deliveredIn(nil, msg, t) }
+
+// deliveredIn is delivered by the goroutine whose hand is h: nothing if a
+// stop abandoned it (the stop counted the message). So are the other
+// ...In methods.
+func (r *recorder) deliveredIn(h *hand, msg *Message, t timing) {
+	if h.end() {
+		r.countDelivered(h, msg, t)
+	}
+}
+
+// countDelivered is delivered once h claimed the end.
+func (r *recorder) countDelivered(h *hand, msg *Message, t timing) {
 	r.c.delivered.Add(1)
-	r.attempted(msg, t, "", false, OutcomeDelivered, 0, nil)
+	r.attempted(h, msg, t, "", false, OutcomeDelivered, 0, nil)
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {
 		r.logAttrs(slog.LevelDebug, "broker: delivered", msg, fault{}, OutcomeDelivered)
 	}
 }
 
-func (r *recorder) deduplicated(msg *Message) {
+func (r *recorder) deduplicated(msg *Message) { r.deduplicatedIn(nil, msg) }
+
+// deduplicatedIn returns false if a stop abandoned h.
+func (r *recorder) deduplicatedIn(h *hand, msg *Message) bool {
+	if !h.end() {
+		return false
+	}
 	r.c.deduplicated.Add(1)
-	r.attempted(msg, timing{}, "", false, OutcomeDeduplicated, 0, nil)
+	r.attempted(h, msg, timing{}, "", false, OutcomeDeduplicated, 0, nil)
 	if r.log.Enabled(context.Background(), slog.LevelInfo) && r.limits.duplicate.allow(logKey{topic: r.topic, subscriber: r.subscriber}) {
 		window := slog.String("dedup_window", "the idempotency store's")
 		if r.limits.window > 0 {
@@ -137,11 +176,16 @@ func (r *recorder) deduplicated(msg *Message) {
 	} else if r.log.Enabled(context.Background(), slog.LevelDebug) {
 		r.logAttrs(slog.LevelDebug, "broker: duplicate skipped", msg, fault{}, OutcomeDeduplicated)
 	}
+	return true
 }
 
 func (r *recorder) retrying(msg *Message, t timing, delay time.Duration, f fault) {
+	r.retryingIn(nil, msg, t, delay, f)
+}
+
+func (r *recorder) retryingIn(h *hand, msg *Message, t timing, delay time.Duration, f fault) {
 	r.c.retries.Add(1)
-	r.attempted(msg, t, f.code, true, OutcomeRetry, delay, f.err)
+	r.attempted(h, msg, t, f.code, true, OutcomeRetry, delay, f.err)
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {
 		r.logAttrs(slog.LevelDebug, "broker: attempt failed, retrying", msg, f, OutcomeRetry,
 			slog.Duration("delay", delay))
@@ -153,12 +197,14 @@ func (r *recorder) retrying(msg *Message, t timing, delay time.Duration, f fault
 // and has no event yet. It returns the store's error when the store refused
 // the dead letter until the stop's deadline.
 func (r *recorder) deadLetter(msg *Message, t timing, reason string, f fault, attempted bool) error {
-	return r.deadLetterThen(msg, t, reason, f, attempted, nil)
+	return r.deadLetterThen(msg, t, reason, f, attempted, nil, nil)
 }
 
 // deadLetterThen is deadLetter, calling counted (if not nil) as soon as the
-// dead letter is stored and counted, before any event or log line.
-func (r *recorder) deadLetterThen(msg *Message, t timing, reason string, f fault, attempted bool, counted func()) error {
+// dead letter is stored and counted, before any event or log line, by the
+// goroutine whose hand is h: if a stop abandoned it, nothing is counted
+// (the stop counted the message).
+func (r *recorder) deadLetterThen(msg *Message, t timing, reason string, f fault, attempted bool, counted func(), h *hand) error {
 	code, retryable := f.code, f.retryable
 	dl := DeadLetter{
 		ID:         r.newID(),
@@ -171,7 +217,10 @@ func (r *recorder) deadLetterThen(msg *Message, t timing, reason string, f fault
 		Reason:     reason,
 		FailedAt:   time.Now(),
 	}
-	storeErr := r.put(&dl)
+	storeErr := r.put(&dl, h)
+	if !h.end() {
+		return storeErr
+	}
 	if storeErr != nil {
 		r.c.dlErrors.Add(1)
 	}
@@ -181,10 +230,11 @@ func (r *recorder) deadLetterThen(msg *Message, t timing, reason string, f fault
 	}
 	r.onDeadLetter(reason, storeErr != nil)
 	if attempted {
-		r.attempted(msg, t, code, retryable, OutcomeDeadLettered, 0, f.err)
+		r.attempted(h, msg, t, code, retryable, OutcomeDeadLettered, 0, f.err)
 	}
-	if r.obs != nil {
+	if r.obs != nil && h.enter() {
 		r.obs.DeadLettered(DeadLetterEvent{DeadLetter: dl, StoreErr: storeErr})
+		h.leave()
 	}
 	level := slog.LevelWarn
 	if storeErr != nil {

@@ -66,6 +66,7 @@ func TestStopEndsAPutThatHonoursItsContext(t *testing.T) {
 				took := time.Since(start)
 				assert.LessOrEqual(t, took, time.Second+2*ShutdownGrace, "returned by the stop's deadline plus the grace")
 				assert.Equal(t, 3, de.Lost, "no dead letter could be stored")
+				idle() // the Puts return as the stop does, at its deadline
 				store.mu.Lock()
 				defer store.mu.Unlock()
 				require.NotEmpty(t, store.causes)

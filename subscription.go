@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,17 +32,15 @@ type Subscription struct {
 	ctx    context.Context         // handlers' base context; cancelled to stop at once
 	cancel context.CancelCauseFunc // with errShutdown or errUnsubscribed
 
-	removed   atomic.Bool   // out of the routing snapshot: route nothing more to it
-	leaveAt   atomic.Uint64 // once Unsubscribe was called: messages accepted before (in push order) are owed to it
-	startAt   uint64        // the first message it is owed, when a subscription of its name was still leaving
-	left      chan struct{} // closed when it left the routing snapshot, every owed message routed
-	live      atomic.Int32  // workers still running (abandoned ones not included)
-	wmu       sync.Mutex    // guards ws
-	ws        map[*worker]struct{}
-	abandoned atomic.Int64  // handlers an Unsubscribe abandoned
-	done      chan struct{} // closed when the last worker returned
-	cutting   atomic.Bool   // a stop at once is cutting its lane off (stopNow)
-	cut       chan struct{} // closed when it has
+	leaveAt   atomic.Uint64        // once Unsubscribe was called: messages accepted before (in push order) are owed to it
+	startAt   uint64               // the first message it is owed, when a subscription of its name was still leaving
+	left      chan struct{}        // closed when it left the routing snapshot, every owed message routed
+	wmu       sync.Mutex           // guards ws and cutters
+	ws        map[*worker]struct{} // workers a stop waits for: running, not abandoned
+	abandoned atomic.Int64         // handlers an Unsubscribe abandoned
+	done      chan struct{}        // closed when ws became empty: the last worker returned or was abandoned
+	cutting   atomic.Bool          // a stop at once cut its lane off (stopNow)
+	cutters   []*cutter            // the stops' cutters (guarded by wmu)
 	unsubOnce sync.Once
 	unsubbed  chan struct{} // closed when Unsubscribe finished
 	unsubErr  error         // Unsubscribe's result, set before unsubbed is closed
@@ -109,7 +108,6 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	s := &Subscription{
 		b: b, t: t, topicName: topicName, name: name, c: c, workers: sc.concurrency,
 		done:     make(chan struct{}),
-		cut:      make(chan struct{}),
 		unsubbed: make(chan struct{}),
 		left:     make(chan struct{}),
 		ws:       make(map[*worker]struct{}),
@@ -139,10 +137,8 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	}
 	t.active[name] = s
 	t.addSubLocked(s)
-	s.live.Store(int32(sc.concurrency))
-	b.wg.Add(sc.concurrency)
 	for range sc.concurrency {
-		s.startWorker(nil)
+		s.startWorker(nil, nil)
 	}
 	return s, nil
 }
@@ -216,7 +212,7 @@ func (s *Subscription) route(it laneItem, noShed bool, cancel <-chan struct{}, d
 	if err == queue.ErrFull {
 		err = s.lane.pushWait(it, noShed, s.ctx.Done(), cancel, deadline, before, after)
 	}
-	if err != nil && err != queue.ErrTimeout && !it.redriven && !s.removed.Load() && stoppedAtOnce(s.ctx) {
+	if err != nil && err != queue.ErrTimeout && !it.redriven && stoppedAtOnce(s.ctx) && slices.Contains(*s.t.subs.Load(), s) {
 		// Stopped at once while this message was on its way: it is this
 		// subscriber's, so it ends as a dead letter rather than vanishing.
 		// (A redriven one is not: its dead letter stays in the store, and
@@ -225,12 +221,6 @@ func (s *Subscription) route(it laneItem, noShed bool, cancel <-chan struct{}, d
 		return nil
 	}
 	return err
-}
-
-// overflowed dead-letters it, which the lane shed (reason "overflow"): it
-// counted as in flight since.
-func (s *Subscription) overflowed(it *laneItem) {
-	s.pipe.overflow(it, func() { s.c.inFlight.Add(-1) })
 }
 
 // startShedder starts the goroutine that dead-letters what the lane sheds
@@ -271,7 +261,7 @@ func (s *Subscription) shed() {
 		}
 		for i = range buf {
 			stored = false
-			s.pipe.overflow(&buf[i], counted)
+			s.pipe.overflow(&buf[i], counted, nil)
 		}
 		clear(buf)
 	}
@@ -279,11 +269,9 @@ func (s *Subscription) shed() {
 
 // cutOffUnrouted dead-letters it, which never entered the lane of the
 // subscription that was stopped at once, as routed to it.
+// The caller is its cutter, so that a stop's deadline can give up on it.
 func (s *Subscription) cutOffUnrouted(it *laneItem) {
-	s.c.routed.Add(1)
-	s.c.inFlight.Add(1)
-	s.pipe.cutOff(s.ctx, it)
-	s.c.inFlight.Add(-1)
+	s.cutBy([]cutJob{{it: *it, kind: cutUnrouted}}, true)
 }
 
 // tryRouteN hands the subscriber as many of envs, in order, as fit in its

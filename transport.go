@@ -335,7 +335,7 @@ func (s *Subscription) deliverRemote(d Delivery) {
 	}
 	// Redriven skips dedup; Attempt is the transport's count, from 1 again after Redrive.
 	it := laneItem{env: envelope{msg: msg}, redriven: d.Redriven()}
-	r := s.pipe.turn(s.ctx, &it, nil, d)
+	r := s.pipe.turn(s.ctx, &it, nil, 0, d)
 	if s.hold != nil {
 		s.hold.done(r.health, probe)
 	}

@@ -11,31 +11,110 @@ import (
 // ignores a cancelled context is abandoned at Close's or Unsubscribe's
 // deadline (see abandon, in lifecycle.go).
 
-// A worker's state, for abandonment: only an attempt (the handler running)
-// can be abandoned, and only once.
+// hand is what one goroutine that ends a subscription's messages (a
+// worker, or a stop's cutter) holds, told to a stop without a lock: n
+// messages, of which the first i have ended (i's own end too, with
+// handEnded), and whether the goroutine is inside plugged-in code (the
+// handler, with handHandler). Only its goroutine changes it, by a CAS
+// from what it last set, except that a stop may set handAbandoned: from
+// then on the goroutine records nothing (each change fails) and returns,
+// the stop having counted what it held. A nil *hand (a transport's
+// delivery) changes nothing and is never abandoned.
+type hand struct{ word atomic.Uint64 }
+
 const (
-	workerIdle       int32 = iota // not in an attempt
-	workerAttempting              // a handler runs for buf[i]
-	workerAbandoned               // given up on by a stop; whatever the handler returns is ignored
+	handPlug      = 1 << iota // inside plugged-in code
+	handHandler               // that code is the handler (middleware included)
+	handEnded                 // message i has ended: its counters moved
+	handAbandoned             // a stop gave up on it
+	handIShift    = 4
+	handNShift    = 32
+	handIMask     = 1<<28 - 1
 )
+
+// update sets and clears flags and adds addI to i, unless a stop
+// abandoned h: false then.
+func (h *hand) update(set, clear, addI uint64) bool {
+	if h == nil {
+		return true
+	}
+	w := h.word.Load()
+	return w&handAbandoned == 0 && h.word.CompareAndSwap(w, (w&^clear|set)+addI<<handIShift)
+}
+
+// hold says h holds n messages, none ended.
+func (h *hand) hold(n int) bool {
+	if h == nil {
+		return true
+	}
+	w := h.word.Load()
+	return w&handAbandoned == 0 && h.word.CompareAndSwap(w, uint64(n)<<handNShift)
+}
+
+// at moves h to message i, none of its flags set, with set: a worker's
+// first change for a message (until then h shows the one before it, ended).
+func (h *hand) at(i int, set uint64) bool {
+	if h == nil {
+		return true
+	}
+	w := h.word.Load()
+	return w&handAbandoned == 0 && h.word.CompareAndSwap(w, w>>handNShift<<handNShift|uint64(i)<<handIShift|set)
+}
+
+func (h *hand) enter() bool { return h.update(handPlug, 0, 0) }
+func (h *hand) leave() bool { return h.update(0, handPlug|handHandler, 0) }
+
+// leaveEnded is leave, then end.
+func (h *hand) leaveEnded() bool { return h.update(handEnded, handPlug|handHandler, 0) }
+
+// end claims the end of message i: its counters may move (false: a stop
+// counted it).
+func (h *hand) end() bool { return h.update(handEnded, 0, 0) }
+
+// next moves on to message i+1 (a cutter's; a worker's moves with at).
+func (h *hand) next() bool { return h.update(0, handEnded, 1) }
+
+func (h *hand) abandoned() bool { return h != nil && h.word.Load()&handAbandoned != 0 }
+
+// abandon gives up on h — if it is inside plugged-in code, or whatever it
+// does when any — and returns the word it had: what it held that had not
+// ended is messages from to n. ok is false if it was abandoned already, or
+// (plugOnly) runs the broker's own code.
+func (h *hand) abandon(plugOnly bool) (w uint64, from, n int, ok bool) {
+	for {
+		w = h.word.Load()
+		if w&handAbandoned != 0 || plugOnly && w&handPlug == 0 {
+			return w, 0, 0, false
+		}
+		if h.word.CompareAndSwap(w, w|handAbandoned) {
+			from, n = int(w>>handIShift&handIMask), int(w>>handNShift)
+			if w&handEnded != 0 {
+				from++
+			}
+			return w, from, n, true
+		}
+	}
+}
 
 // worker is one of a subscription's workers. Its batch lives in the
 // worker (on the heap, allocated once), so that a stop can read the
-// message of a handler it abandons.
+// messages of a worker it abandons.
 type worker struct {
-	s     *Subscription
-	buf   [laneBatch]laneItem
-	n     int          // messages of the batch in buf
-	i     int          // the one being run
-	state atomic.Int32 // workerIdle, workerAttempting or workerAbandoned
+	s   *Subscription
+	buf [laneBatch]laneItem
+	n   int  // messages of the batch in buf
+	i   int  // the one being run
+	h   hand // buf[i:n] as a stop sees it
 }
 
-// start starts a worker with carry, messages a worker ended by Goexit had
-// taken and not started.
-func (s *Subscription) startWorker(carry []laneItem) {
+// startWorker starts a worker in place of old (nil: none) with carry,
+// messages old, ended by Goexit, had taken and not started. ws changes
+// under one lock, so it is never empty while a worker runs.
+func (s *Subscription) startWorker(old *worker, carry []laneItem) {
 	w := &worker{s: s}
 	w.n = copy(w.buf[:], carry)
 	s.wmu.Lock()
+	delete(s.ws, old)
 	s.ws[w] = struct{}{}
 	s.wmu.Unlock()
 	go w.run()
@@ -49,28 +128,27 @@ func (w *worker) run() {
 	defer func() {
 		switch {
 		case returned:
-			s.workerDone(w)
-		case w.state.Load() == workerAbandoned:
+			s.dropWorker(w)
+		case w.h.abandoned():
 			// The stop that abandoned it did its bookkeeping.
 		default:
 			// runtime.Goexit (what t.FailNow does) ended this goroutine, in
 			// a handler most likely: its message ends as a panic would end
 			// it, and a new worker takes over the rest of the batch (and
-			// this worker's place in the WaitGroup).
+			// this worker's place in ws).
 			var rest []laneItem
 			if w.n > 0 {
 				rest = append(rest, w.buf[w.i+1:w.n]...)
 				if started {
-					w.state.Store(workerIdle)
-					s.end(&w.buf[w.i], s.pipe.goexited(s.ctx, &w.buf[w.i]), probe)
+					if !w.h.leave() {
+						return // abandoned meanwhile: the stop took the batch
+					}
+					s.end(&w.buf[w.i], s.pipe.goexited(s.ctx, &w.buf[w.i], &w.h), probe)
 				} else {
 					rest = append([]laneItem{w.buf[w.i]}, rest...)
 				}
 			}
-			s.wmu.Lock()
-			delete(s.ws, w)
-			s.wmu.Unlock()
-			s.startWorker(rest)
+			s.startWorker(w, rest)
 		}
 	}()
 	for {
@@ -81,6 +159,9 @@ func (w *worker) run() {
 				return
 			}
 			w.n, probe = len(batch), p
+		}
+		if !w.h.hold(w.n) {
+			return // abandoned: the stop counted what it held
 		}
 		for w.i = 0; w.i < w.n; w.i++ {
 			if k := w.i + 2; k < w.n && s.pipe.mem != nil {
@@ -93,12 +174,17 @@ func (w *worker) run() {
 				s.limiter.wait(s.ctx) // cut short by a stop: the turn dead-letters it
 				if s.lane.br != nil && !s.lane.mayRun(it, probe) {
 					started = false
+					if !w.h.at(w.i, handEnded) {
+						return
+					}
 					continue // the breaker opened while it waited: back in the queue
 				}
 			}
-			r := s.pipe.turn(s.ctx, it, &w.state, nil)
+			r := s.pipe.turn(s.ctx, it, &w.h, w.i, nil)
 			if r.abandoned {
 				s.pipe.ignored(it, r.err)
+			}
+			if !r.ended && !w.h.end() || w.h.abandoned() {
 				return // the stop that abandoned it did the bookkeeping
 			}
 			s.end(it, r, probe)
@@ -120,18 +206,21 @@ func (s *Subscription) end(it *laneItem, r turnResult, probe bool) {
 		}
 	}
 	if orphan {
-		s.pipe.cutOff(s.ctx, it)
+		s.pipe.cutOff(s.ctx, it, nil)
 		s.lane.dropped()
 	}
 }
 
-// workerDone is a worker's end: the last one closes s.done.
-func (s *Subscription) workerDone(w *worker) {
+// dropWorker is a worker's end, deferred in its goroutine (or a stop's
+// giving up on it, see abandon): it leaves ws, and the last one out closes
+// s.done.
+func (s *Subscription) dropWorker(w *worker) {
 	s.wmu.Lock()
+	_, in := s.ws[w]
 	delete(s.ws, w)
+	last := in && len(s.ws) == 0
 	s.wmu.Unlock()
-	if s.live.Add(-1) == 0 {
+	if last {
 		close(s.done)
 	}
-	s.b.wg.Done()
 }

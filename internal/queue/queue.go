@@ -35,7 +35,7 @@ var (
 const minAlloc = 16
 
 // Queue is a bounded FIFO. Any number of goroutines may push; exactly one
-// goroutine (the consumer) may use TakeWait, Taken, TakenN, Done and Pop.
+// goroutine (the consumer) may use TakeWait and TakenN.
 // Cap, Snapshot and Close are safe from any goroutine.
 //
 // The consumer copies a batch of the oldest items out under one lock
@@ -52,20 +52,57 @@ type Queue[T any] struct {
 	closed   bool       // no more pushes
 	sleeping bool       // the consumer waits on ready
 	ready    chan struct{}
-	room     chan struct{} // closed (and cleared) when room appears; nil while no producer waits
-	pushed   uint64        // items ever pushed
+	room     Room   // producers waiting for room; Wanted makes TakenN settle at once
+	pushed   uint64 // items ever pushed
 
-	// taken counts the oldest items the consumer has taken (Taken) without
+	// taken counts the oldest items the consumer has taken (TakenN) without
 	// the lock: they no longer count as queued, and leave the ring at the
 	// next settleLocked.
 	taken atomic.Int64
-	// settled counts the taken items removed so far, and done those the
-	// consumer has finished with (Done): the difference is in its hands.
-	settled int
-	done    atomic.Int64
-	// roomWanted is set while a producer waits for room, so that Taken
-	// settles at once rather than at the consumer's next lock.
-	roomWanted atomic.Bool
+}
+
+// Room is where producers wait for room in a bounded queue: the topic
+// queue's and a subscriber lane's. Its owner's lock guards it, except
+// Wanted, which a consumer that makes room without the lock reads after
+// making it: a producer says Want before its last look for room, so one
+// of the two sees the other and no wake-up is missed.
+type Room struct {
+	ch     chan struct{} // closed when room appears; nil while no producer waits
+	wanted atomic.Bool
+}
+
+// Want says, before a producer's last look, that it is about to wait.
+func (r *Room) Want() { r.wanted.Store(true) }
+
+// Found says that the last look found room after all.
+func (r *Room) Found() {
+	if r.ch == nil {
+		r.wanted.Store(false) // no producer waits
+	}
+}
+
+// Wait returns the channel a producer that found no room waits on.
+func (r *Room) Wait() <-chan struct{} {
+	if r.ch == nil {
+		r.ch = make(chan struct{})
+	}
+	return r.ch
+}
+
+// Waiting reports whether a producer waits.
+func (r *Room) Waiting() bool { return r.ch != nil }
+
+// Wanted reports, without the lock, whether a producer waits or is about
+// to.
+func (r *Room) Wanted() bool { return r.wanted.Load() }
+
+// Open wakes the producers waiting: they look again.
+func (r *Room) Open() {
+	if r.ch != nil {
+		close(r.ch)
+		r.ch = nil
+		r.wanted.Store(false)
+	}
 }
 
 // New returns an empty queue that holds at most capacity items (at least 1).
@@ -89,22 +126,6 @@ func (q *Queue[T]) TryPush(v T) error {
 	return err
 }
 
-// TryPushN appends as many of vs, in order, as there is room for, without
-// waiting, and returns how many; with ErrClosed (and 0) after Close.
-func (q *Queue[T]) TryPushN(vs []T) (int, error) {
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
-		return 0, ErrClosed
-	}
-	k := min(len(vs), q.roomLocked(len(vs)))
-	for _, v := range vs[:k] {
-		q.appendLocked(v)
-	}
-	q.unlockAfterPush(k > 0)
-	return k, nil
-}
-
 // PushWait appends v, waiting for room until stop1 or stop2 is closed
 // (ErrStopped), deadline fires (ErrTimeout) or the queue is closed
 // (ErrClosed). Any channel may be nil to wait without that bound.
@@ -114,20 +135,17 @@ func (q *Queue[T]) PushWait(v T, stop1, stop2 <-chan struct{}, deadline <-chan t
 		err := q.pushLocked(v)
 		if err == ErrFull {
 			// Say so before looking again: a consumer taking an item after
-			// that look sees the flag and settles (see Taken).
-			q.roomWanted.Store(true)
-			if err = q.pushLocked(v); err != ErrFull && q.room == nil {
-				q.roomWanted.Store(false) // no producer waits after all
+			// that look sees it and settles (see TakenN).
+			q.room.Want()
+			if err = q.pushLocked(v); err != ErrFull {
+				q.room.Found()
 			}
 		}
 		if err != ErrFull {
 			q.unlockAfterPush(err == nil)
 			return err
 		}
-		if q.room == nil {
-			q.room = make(chan struct{})
-		}
-		room := q.room
+		room := q.room.Wait()
 		q.mu.Unlock()
 		select {
 		case <-room:
@@ -146,20 +164,14 @@ func (q *Queue[T]) pushLocked(v T) error {
 	if q.closed {
 		return ErrClosed
 	}
-	if q.roomLocked(1) == 0 {
+	if q.n == q.limit {
+		q.settleLocked() // what the consumer has taken makes room
+	}
+	if q.n == q.limit {
 		return ErrFull
 	}
 	q.appendLocked(v)
 	return nil
-}
-
-// roomLocked returns how many items fit; when fewer than want do, it first
-// removes what the consumer has taken.
-func (q *Queue[T]) roomLocked(want int) int {
-	if q.limit-q.n < want {
-		q.settleLocked()
-	}
-	return q.limit - q.n
 }
 
 // appendLocked appends v to a queue with room, growing the ring if needed.
@@ -242,8 +254,8 @@ func (q *Queue[T]) awaitLocked(stop <-chan struct{}) bool {
 
 // TakeWait waits for an item, then copies up to len(buf) (at least 1) of
 // the oldest items not yet taken into buf, in order, and returns them,
-// without removing them from the queue. The consumer handles each and then
-// calls Taken, in order: from then on a Snapshot no longer counts it, and
+// without removing them from the queue. The consumer handles them and then
+// calls TakenN, in order: from then on a Snapshot no longer counts it, and
 // it leaves the ring at the next lock (the consumer's next call, or a
 // producer's that finds the ring full). ok is false when the queue is
 // closed and empty or stop is closed.
@@ -274,29 +286,21 @@ func (q *Queue[T]) Range(from, to uint64, buf []T) []T {
 	return buf
 }
 
-// Taken marks the oldest item not yet taken as taken (see TakeWait), once
-// the consumer has read it: it must not read that item again. Only the
-// consumer may call it, for an item of its view. It takes no lock unless a
+// TakenN marks the k oldest items not yet taken as taken (see TakeWait),
+// once the consumer has read them: it must not read them again. Only the
+// consumer may call it, for items of its view. It takes no lock unless a
 // producer waits for room.
-func (q *Queue[T]) Taken() { q.TakenN(1) }
-
-// TakenN is Taken for the k oldest items not yet taken.
 func (q *Queue[T]) TakenN(k int) {
 	if k <= 0 {
 		return
 	}
 	q.taken.Add(int64(k))
-	if q.roomWanted.Load() {
+	if q.room.Wanted() {
 		q.mu.Lock()
 		q.settleLocked()
 		q.mu.Unlock()
 	}
 }
-
-// Done tells the queue that the consumer has finished with the oldest item
-// it took and had not finished, for InHand. Only the consumer may call it.
-// It takes no lock.
-func (q *Queue[T]) Done() { q.done.Add(1) }
 
 // settleLocked removes the items the consumer has taken. The consumer does
 // it whenever it holds the lock, a producer when the ring is full.
@@ -307,43 +311,17 @@ func (q *Queue[T]) settleLocked() {
 		for range k {
 			q.removeLocked()
 		}
-		q.settled += int(k)
 	}
-}
-
-// Pop removes and returns the oldest item; ok is false when empty.
-func (q *Queue[T]) Pop() (v T, ok bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.settleLocked()
-	if q.n == 0 {
-		return v, false
-	}
-	v = q.buf[q.head]
-	q.removeLocked()
-	return v, true
 }
 
 func (q *Queue[T]) removeLocked() {
-	if q.n == 0 {
-		return
-	}
 	var zero T
 	q.buf[q.head] = zero // drop references for the garbage collector
 	if q.head++; q.head == len(q.buf) {
 		q.head = 0
 	}
 	q.n--
-	q.makeRoomLocked()
-}
-
-// makeRoomLocked wakes the producers waiting for room.
-func (q *Queue[T]) makeRoomLocked() {
-	if q.room != nil {
-		close(q.room)
-		q.room = nil
-		q.roomWanted.Store(false)
-	}
+	q.room.Open()
 }
 
 // Close refuses further pushes and wakes every waiting producer (ErrClosed)
@@ -353,7 +331,7 @@ func (q *Queue[T]) Close() {
 	q.mu.Lock()
 	if !q.closed {
 		q.closed = true
-		q.makeRoomLocked()
+		q.room.Open()
 		q.sleeping = false
 	}
 	q.mu.Unlock()
@@ -369,7 +347,7 @@ func (q *Queue[T]) CloseIfEmpty() bool {
 	if q.closed {
 		return false
 	}
-	if q.n > 0 || q.room != nil {
+	if q.n > 0 || q.room.Waiting() {
 		return false
 	}
 	q.closed = true
@@ -386,15 +364,10 @@ func (q *Queue[T]) Closed() bool {
 // Cap returns the queue's capacity.
 func (q *Queue[T]) Cap() int { return q.limit }
 
-// testHookSnapshot, when set by a test, runs in Snapshot between its
-// readings of the consumer's counts.
-var testHookSnapshot func()
-
 // Snapshot is a queue's state at one moment.
 type Snapshot[T any] struct {
 	Head   T      // a copy of the oldest item not taken; zero when Len is 0
 	Len    int    // items queued, taken ones not included
-	InHand int    // items the consumer has taken and not marked Done (for a consumer that calls Done)
 	Pushed uint64 // items ever pushed
 }
 
@@ -402,22 +375,8 @@ type Snapshot[T any] struct {
 func (q *Queue[T]) Snapshot() Snapshot[T] {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	// The consumer moves taken and done without the lock: read taken
-	// between two equal readings of done, so that both are of one moment
-	// (the consumer takes an item before it is done with it).
-	var done, k int
-	for {
-		d := q.done.Load()
-		if testHookSnapshot != nil {
-			testHookSnapshot()
-		}
-		k = int(q.taken.Load())
-		if q.done.Load() == d {
-			done = int(d)
-			break
-		}
-	}
-	st := Snapshot[T]{Len: q.n - k, InHand: q.settled + k - done, Pushed: q.pushed}
+	k := int(q.taken.Load())
+	st := Snapshot[T]{Len: q.n - k, Pushed: q.pushed}
 	if st.Len > 0 {
 		i := q.head + k
 		if i >= len(q.buf) {

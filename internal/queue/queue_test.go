@@ -27,7 +27,7 @@ func TestFIFOAcrossGrowthAndWrap(t *testing.T) {
 			}
 		}
 		for range round % 5 {
-			v, ok := q.Pop()
+			v, ok := pop(q)
 			if !ok {
 				break
 			}
@@ -36,7 +36,7 @@ func TestFIFOAcrossGrowthAndWrap(t *testing.T) {
 		}
 	}
 	for {
-		v, ok := q.Pop()
+		v, ok := pop(q)
 		if !ok {
 			break
 		}
@@ -69,7 +69,7 @@ func TestViewKeepsItemsQueuedUntilTaken(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, []string{"a"}, view, "at most max")
 	assert.Equal(t, 2, q.Snapshot().Len, "an item in a view still counts")
-	q.Taken()
+	q.TakenN(1)
 	assert.Equal(t, 1, q.Snapshot().Len)
 	view, ok = take(q, nil, 2)
 	require.True(t, ok)
@@ -89,7 +89,7 @@ func TestCloseDrains(t *testing.T) {
 	view, ok := take(q, nil, 4)
 	require.True(t, ok, "queued items outlive Close")
 	assert.Equal(t, []int{1}, view)
-	q.Taken()
+	q.TakenN(1)
 	_, ok = take(q, nil, 4)
 	assert.False(t, ok, "closed and empty")
 }
@@ -104,7 +104,7 @@ func TestPushWait(t *testing.T) {
 	}{
 		{"room appears", func(q *Queue[int], _ chan struct{}) {
 			time.Sleep(time.Second)
-			q.Pop()
+			pop(q)
 		}, time.Hour, nil, time.Second},
 		{"deadline", func(*Queue[int], chan struct{}) {}, 2 * time.Second, ErrTimeout, 2 * time.Second},
 		{"stopped", func(_ *Queue[int], stop chan struct{}) {
@@ -156,7 +156,7 @@ func TestManyProducersOneConsumer(t *testing.T) {
 			for _, v := range view { // producers wait for room meanwhile
 				require.Equal(t, last[v[0]]+1, v[1], "per-producer order")
 				last[v[0]] = v[1]
-				q.Taken()
+				q.TakenN(1)
 				got++
 			}
 		}
@@ -189,7 +189,7 @@ func TestViewAcrossWrap(t *testing.T) {
 		require.NoError(t, q.TryPush(i))
 	}
 	for range 5 {
-		q.Pop()
+		pop(q)
 	}
 	for i := 8; i < 13; i++ { // wraps around the ring's end
 		require.NoError(t, q.TryPush(i))
@@ -216,6 +216,33 @@ func takeView[T any](t *testing.T, q *Queue[T], max int) []T {
 	return view
 }
 
+// pop takes and removes the oldest item, as the consumer does; ok is false
+// when none is queued.
+func pop[T any](q *Queue[T]) (v T, ok bool) {
+	if q.Snapshot().Len == 0 {
+		return v, false
+	}
+	view, _ := q.TakeWait(nil, make([]T, 1))
+	q.TakenN(1)
+	q.mu.Lock()
+	q.settleLocked()
+	q.mu.Unlock()
+	return view[0], true
+}
+
+// tryPushN pushes vs in order while they fit, and returns how many did.
+func tryPushN[T any](q *Queue[T], vs []T) (int, error) {
+	for k, v := range vs {
+		if err := q.TryPush(v); err != nil {
+			if err == ErrFull {
+				err = nil
+			}
+			return k, err
+		}
+	}
+	return len(vs), nil
+}
+
 // take is TakeWait into a new buffer of max items.
 func take[T any](q *Queue[T], stop <-chan struct{}, max int) ([]T, bool) {
 	return q.TakeWait(stop, make([]T, max))
@@ -238,7 +265,7 @@ func TestViewSurvivesGrowth(t *testing.T) {
 	}
 	q.TakenN(minAlloc)
 	assert.Equal(t, 200-minAlloc, q.Snapshot().Len)
-	v, ok := q.Pop()
+	v, ok := pop(q)
 	assert.True(t, ok)
 	assert.Equal(t, minAlloc, v, "order kept across growth")
 }
@@ -248,7 +275,7 @@ func TestTakeWait(t *testing.T) {
 		q := New[int](4)
 		go func() {
 			time.Sleep(time.Second)
-			_, _ = q.TryPushN([]int{1, 2, 3})
+			_, _ = tryPushN(q, []int{1, 2, 3})
 			time.Sleep(time.Second)
 			q.Close()
 		}()
@@ -258,7 +285,7 @@ func TestTakeWait(t *testing.T) {
 		assert.Equal(t, time.Second, time.Since(start))
 		assert.Equal(t, []int{1, 2}, view, "at most max")
 
-		q.Taken()
+		q.TakenN(1)
 		assert.Equal(t, 2, q.Snapshot().Len, "a taken item leaves the count at once")
 		st := q.Snapshot()
 		assert.Equal(t, 2, st.Head, "Head skips taken items")
@@ -272,7 +299,7 @@ func TestTakeWait(t *testing.T) {
 		require.True(t, ok)
 		assert.Equal(t, []int{2, 3, 4, 5}, view, "a batch goes on past the ring's end")
 		for range view {
-			q.Taken()
+			q.TakenN(1)
 		}
 		_, ok = take(q, nil, 8)
 		assert.False(t, ok, "closed and empty")
@@ -296,7 +323,7 @@ func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 		require.True(t, ok)
 		require.Equal(t, []int{1}, view)
 		assert.ErrorIs(t, q.TryPush(2), ErrFull, "not taken yet")
-		q.Taken()
+		q.TakenN(1)
 		require.NoError(t, q.TryPush(2), "settled by the producer")
 		done := make(chan error)
 		go func() { done <- q.PushWait(3, nil, nil, nil) }()
@@ -304,7 +331,7 @@ func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 		view, ok = take(q, nil, 1)
 		require.True(t, ok)
 		require.Equal(t, []int{2}, view)
-		q.Taken() // a producer waits: settles at once
+		q.TakenN(1) // a producer waits: settles at once
 		assert.NoError(t, <-done, "room while the consumer works on the item it took")
 		assert.Equal(t, 1, q.Snapshot().Len)
 		view, ok = take(q, nil, 1)
@@ -313,73 +340,29 @@ func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 	})
 }
 
-// InHand counts what the consumer took and has not marked Done, across
-// settling (by the consumer or by a producer).
-func TestInHand(t *testing.T) {
-	q := New[int](2)
-	inHand := func() int { return q.Snapshot().InHand }
-	_, _ = q.TryPushN([]int{1, 2})
-	view := takeView(t, q, 2)
-	require.Len(t, view, 2)
-	assert.Equal(t, 0, inHand())
-	q.Taken()
-	assert.Equal(t, 1, inHand())
-	require.NoError(t, q.TryPush(3), "the producer settles the taken item")
-	assert.Equal(t, 1, inHand(), "still in the consumer's hands")
-	q.Taken()
-	assert.Equal(t, 2, inHand())
-	q.Done()
-	assert.Equal(t, 1, inHand())
-	assert.Equal(t, []int{3}, takeView(t, q, 2), "the consumer settled the second")
-	q.Done()
-	st := q.Snapshot()
-	assert.Equal(t, 3, st.Head)
-	assert.Equal(t, 1, st.Len)
-	assert.Equal(t, 0, st.InHand)
-	assert.Equal(t, uint64(3), st.Pushed)
-}
-
-func TestTryPushN(t *testing.T) {
-	q := New[int](5)
-	require.NoError(t, q.TryPush(0))
-	k, err := q.TryPushN([]int{1, 2, 3, 4, 5, 6})
-	require.NoError(t, err)
-	assert.Equal(t, 4, k, "as many as fit, in order")
-	assert.Equal(t, []int{0, 1, 2, 3, 4}, takeView(t, q, 5))
-	k, err = q.TryPushN([]int{9})
-	assert.Zero(t, k)
-	assert.NoError(t, err, "full is not an error")
-	q.Close()
-	k, err = q.TryPushN([]int{9})
-	assert.Zero(t, k)
-	assert.ErrorIs(t, err, ErrClosed)
-}
-
 // A consumer that marks more items taken than it read (a bug) loses no
 // unread item: the excess is dropped when the queue settles.
 func TestTakenNBeyondTheQueue(t *testing.T) {
 	q := New[int](3)
-	_, _ = q.TryPushN([]int{1, 2, 3})
+	_, _ = tryPushN(q, []int{1, 2, 3})
 	require.Len(t, takeView(t, q, 3), 3)
 	q.TakenN(5)
-	k, err := q.TryPushN([]int{4, 5, 6}) // full: settles
+	k, err := tryPushN(q, []int{4, 5, 6}) // full: settles
 	require.NoError(t, err)
 	require.Equal(t, 3, k)
 	assert.Equal(t, []int{4, 5, 6}, takeView(t, q, 3), "nothing unread removed")
-	st := q.Snapshot()
-	assert.Equal(t, 3, st.Len)
-	assert.Equal(t, 3, st.InHand, "the three items read")
+	assert.Equal(t, 3, q.Snapshot().Len)
 }
 
-// TryPushN settles taken items when they are what keeps its items out.
-func TestTryPushNSettlesForRoom(t *testing.T) {
+// A push settles taken items when they are what keeps it out.
+func TestPushSettlesForRoom(t *testing.T) {
 	q := New[int](4)
-	_, _ = q.TryPushN([]int{1, 2, 3})
+	_, _ = tryPushN(q, []int{1, 2, 3})
 	require.Len(t, takeView(t, q, 3), 3)
 	q.TakenN(2)
-	k, err := q.TryPushN([]int{4, 5, 6})
+	k, err := tryPushN(q, []int{4, 5, 6})
 	require.NoError(t, err)
-	assert.Equal(t, 3, k, "the ring was not full, but two taken slots were needed")
+	assert.Equal(t, 3, k, "the ring was not full, but a taken slot was needed")
 }
 
 func TestTakeWaitWithoutAMax(t *testing.T) {
@@ -405,8 +388,8 @@ func newStressItem(p, i int) stressItem {
 
 func (it stressItem) intact() bool { return it == newStressItem(it.p, it.i) }
 
-// Producers mixing PushWait, TryPush and TryPushN into small queues, a
-// consumer taking random views and marking items taken and done in random
+// Producers mixing PushWait and TryPush into small queues, a
+// consumer taking random views and marking items taken in random
 // steps, and a Stats-like reader: order per producer, intact items, counts
 // in range throughout, exact at the end, and no producer left signalled as
 // waiting. Run with -race.
@@ -436,7 +419,7 @@ func TestConcurrentTakeStress(t *testing.T) {
 							for k := range vs {
 								vs[k] = newStressItem(p, i+k)
 							}
-							k, _ := q.TryPushN(vs)
+							k, _ := tryPushN(q, vs)
 							i += k
 						}
 					}
@@ -454,12 +437,12 @@ func TestConcurrentTakeStress(t *testing.T) {
 					default:
 					}
 					st := q.Snapshot()
-					if st.Len < 0 || st.Len > capacity || st.InHand < 0 || st.Pushed < pushed || (st.Len > 0 && !st.Head.intact()) {
+					if st.Len < 0 || st.Len > capacity || st.Pushed < pushed || (st.Len > 0 && !st.Head.intact()) {
 						bad.Add(1)
 					}
 					pushed = st.Pushed
 					q.mu.Lock()
-					if q.roomWanted.Load() && q.room == nil { // a flag no waiting producer clears: every Taken would lock
+					if q.room.Wanted() && !q.room.Waiting() { // a flag no waiting producer clears: every Taken would lock
 						bad.Add(1)
 					}
 					q.mu.Unlock()
@@ -470,12 +453,7 @@ func TestConcurrentTakeStress(t *testing.T) {
 			for i := range last {
 				last[i] = -1
 			}
-			for got, held := 0, 0; got < producers*each || held > 0; {
-				if got == producers*each {
-					q.Done()
-					held--
-					continue
-				}
+			for got := 0; got < producers*each; {
 				view := takeView(t, q, 1+r.IntN(8))
 				for i := 0; i < len(view); {
 					k := 1 + r.IntN(len(view)-i)
@@ -488,48 +466,20 @@ func TestConcurrentTakeStress(t *testing.T) {
 						q.TakenN(k)
 					} else {
 						for range k {
-							q.Taken()
+							q.TakenN(1)
 						}
 					}
-					held, got, i = held+k, got+k, i+k
-					for held > 0 && r.IntN(2) == 0 {
-						q.Done()
-						held--
-					}
+					got, i = got+k, i+k
 				}
 			}
 			wg.Wait()
 			close(stop)
 			reader.Wait()
-			assert.Zero(t, bad.Load(), "snapshots out of range, or roomWanted without a waiting producer")
+			assert.Zero(t, bad.Load(), "snapshots out of range, or Wanted without a waiting producer")
 			assert.Equal(t, Snapshot[stressItem]{Pushed: producers * each}, q.Snapshot())
-			assert.False(t, q.roomWanted.Load(), "no producer waits: Taken must not lock")
+			assert.False(t, q.room.Wanted(), "no producer waits: TakenN must not lock")
 		})
 	}
-}
-
-// Snapshot reads the consumer's counts as of one moment: here the
-// consumer finishes its item and takes the next one right after Snapshot
-// read how many it had finished; that must not show two items in its hands.
-func TestSnapshotIsOfOneMoment(t *testing.T) {
-	q := New[int](4)
-	_, _ = q.TryPushN([]int{1, 2, 3})
-	require.Len(t, takeView(t, q, 3), 3)
-	q.Taken() // item 1 in hand
-	moves := 0
-	testHookSnapshot = func() {
-		if moves == 0 { // the consumer, between Snapshot's readings
-			q.Done()
-			q.Taken()
-		}
-		moves++
-	}
-	defer func() { testHookSnapshot = nil }()
-	st := q.Snapshot()
-	assert.Equal(t, 1, st.InHand, "one item in hand, whatever the moment")
-	assert.Equal(t, 1, st.Len)
-	assert.Equal(t, 3, st.Head, "the consumer had taken the second")
-	assert.Equal(t, 2, moves, "read again after the consumer moved")
 }
 
 // TestRange reads items by their push number across the ring's wrap, taken
@@ -540,7 +490,7 @@ func TestRange(t *testing.T) {
 		require.NoError(t, q.TryPush(i))
 	}
 	for range 4 {
-		_, ok := q.Pop()
+		_, ok := pop(q)
 		require.True(t, ok)
 	}
 	for i := 6; i < 12; i++ { // wraps: the ring holds 4 and 5, then these
