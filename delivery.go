@@ -166,10 +166,14 @@ func (p *pipeline) turn(ctx context.Context, it *laneItem, gate *atomic.Int32, d
 		f    failure
 		took timing
 	)
+	actx := ctx
+	if it.redriven {
+		actx = context.WithValue(ctx, redrivenKey{}, true) // see Redriven
+	}
 	if d != nil {
-		err, f, took = p.attemptKeptAlive(ctx, d, msg)
+		err, f, took = p.attemptKeptAlive(actx, d, msg)
 	} else {
-		err, f, took = p.attempt(ctx, msg)
+		err, f, took = p.attempt(actx, msg)
 	}
 	if gate != nil && !gate.CompareAndSwap(workerAttempting, workerIdle) {
 		return turnResult{abandoned: true, err: err}
