@@ -55,3 +55,26 @@ func (t *Telemetry) markDeadLetter(ss *subSets, dl *broker.DeadLetter) {
 		span.End()
 	}
 }
+
+// markDuplicate puts an instant INTERNAL span "deduplicate <topic>" into
+// the trace of a message the subscriber skipped as a duplicate (its
+// handler did not run, so there is no process span): placed as
+// markDeadLetter's, with inproc.broker.state=deduplicated. A message
+// without trace context gets none.
+func (t *Telemetry) markDuplicate(ss *subSets, ev *broker.AttemptEvent) {
+	creation := t.creationContext(context.Background(), propagation.MapCarrier(ev.Headers))
+	if !creation.IsValid() {
+		return
+	}
+	ctx := trace.ContextWithRemoteSpanContext(context.Background(), creation)
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithLinks(trace.Link{SpanContext: creation})}
+	if t.linkOnly {
+		opts = append(opts, newRoot)
+	}
+	_, span := t.tracer.Start(ctx, "deduplicate "+ss.topic, opts...)
+	if span.IsRecording() {
+		span.SetAttributes(append(ss.attrs(),
+			semconv.MessagingMessageID(ev.MessageID), StateKey.String(string(broker.OutcomeDeduplicated)))...)
+	}
+	span.End()
+}

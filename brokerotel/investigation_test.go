@@ -3,6 +3,8 @@ package brokerotel_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -82,4 +84,106 @@ func TestPublishOperationDuration(t *testing.T) {
 		assert.GreaterOrEqual(t, refusedPoint.Sum, 0.02, "it waited out the 20 ms timeout")
 		assert.Equal(t, uint64(b.Stats().Topics["orders"].Published+1), total)
 	}
+}
+
+// TestRefusedPublishSpan: through Telemetry.Publish the publish span
+// covers the whole Publish, and a publish refused with ErrQueueFull ends
+// it with status Error, error.type queue_full and the error recorded; an
+// accepted one stays Unset.
+func TestRefusedPublishSpan(t *testing.T) {
+	e := newEnv(t, brokerotel.Options{})
+	b := e.broker(t, broker.WithQueueSize(1), broker.WithPublishTimeout(5*time.Millisecond))
+	release := make(chan struct{})
+	_, err := b.Subscribe("orders", "stuck", func(context.Context, broker.Message) error {
+		<-release
+		return nil
+	})
+	require.NoError(t, err)
+	var refused error
+	id := ""
+	for i := 0; refused == nil && i < 10; i++ {
+		id = fmt.Sprintf("m%d", i)
+		refused = e.tel.Publish(context.Background(), b, broker.Message{ID: id, Topic: "orders"})
+	}
+	require.ErrorIs(t, refused, broker.ErrQueueFull)
+	close(release)
+	closeBroker(t, b)
+
+	spans := e.ended("publish orders")
+	require.NotEmpty(t, spans)
+	for _, s := range spans {
+		a := attrs(s.Attributes())
+		if a["messaging.message.id"] != id {
+			assert.Equal(t, codes.Unset, s.Status().Code, "accepted %v", a["messaging.message.id"])
+			assert.NotContains(t, a, "error.type")
+			continue
+		}
+		assert.Equal(t, codes.Error, s.Status().Code)
+		assert.Equal(t, "queue_full", a["error.type"])
+		require.Len(t, s.Events(), 1)
+		assert.Equal(t, "exception", s.Events()[0].Name)
+		assert.GreaterOrEqual(t, s.EndTime().Sub(s.StartTime()), 5*time.Millisecond, "the span covers the wait for room")
+	}
+	require.Error(t, e.tel.Publish(context.Background(), nil, broker.Message{}))
+}
+
+// TestDuplicateMarkedInTrace: a message skipped as a duplicate leaves a
+// "deduplicate <topic>" span in its trace, a child of its publish span.
+func TestDuplicateMarkedInTrace(t *testing.T) {
+	e := newEnv(t, brokerotel.Options{})
+	b := e.broker(t)
+	h, got := capture()
+	_, err := b.Subscribe("orders", "billing", h)
+	require.NoError(t, err)
+	require.NoError(t, b.Publish(context.Background(), broker.Message{ID: "m1", Topic: "orders"}))
+	receive(t, got)
+	require.NoError(t, b.Publish(context.Background(), broker.Message{ID: "m1", Topic: "orders"}))
+	closeBroker(t, b)
+	require.EqualValues(t, 1, b.Stats().Topics["orders"].Subscribers["billing"].Deduplicated)
+
+	publishes := e.ended("publish orders")
+	require.Len(t, publishes, 2)
+	mark := e.one(t, "deduplicate orders")
+	assert.Equal(t, publishes[1].SpanContext().TraceID(), mark.SpanContext().TraceID(), "in the duplicate's trace")
+	assert.Equal(t, publishes[1].SpanContext().SpanID(), mark.Parent().SpanID())
+	a := attrs(mark.Attributes())
+	assert.Equal(t, "deduplicated", a["inproc.broker.state"])
+	assert.Equal(t, "m1", a["messaging.message.id"])
+	assert.Equal(t, "billing", a["messaging.destination.subscription.name"])
+	assert.Len(t, e.ended("process orders"), 1, "the handler ran once")
+}
+
+// TestRedrivenDeliveryMarked: the process span of a redriven dead letter's
+// attempt carries inproc.broker.redriven=true; a first delivery's does not.
+func TestRedrivenDeliveryMarked(t *testing.T) {
+	e := newEnv(t, brokerotel.Options{})
+	b := e.broker(t)
+	var calls atomic.Int32
+	done := make(chan struct{}, 2)
+	_, err := b.Subscribe("orders", "billing", func(context.Context, broker.Message) error {
+		defer func() { done <- struct{}{} }()
+		if calls.Add(1) == 1 {
+			return broker.Permanent(errors.New("bad data"))
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.NoError(t, b.Publish(context.Background(), broker.Message{ID: "m1", Topic: "orders"}))
+	receive(t, done)
+	var dls []broker.DeadLetter
+	require.Eventually(t, func() bool {
+		dls, err = b.DeadLetters().List(context.Background(), broker.DeadLetterFilter{})
+		return err == nil && len(dls) == 1
+	}, wait, time.Millisecond)
+	n, err := b.Redrive(context.Background(), dls[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	receive(t, done)
+	closeBroker(t, b)
+
+	spans := e.ended("process orders")
+	require.Len(t, spans, 2)
+	assert.NotContains(t, attrs(spans[0].Attributes()), "inproc.broker.redriven")
+	assert.Equal(t, true, attrs(spans[1].Attributes())["inproc.broker.redriven"])
+	assert.Equal(t, codes.Unset, spans[1].Status().Code)
 }

@@ -197,6 +197,7 @@ func (t *Telemetry) attempted(ss *subSets, ev *broker.AttemptEvent) {
 		}
 	case broker.OutcomeDeduplicated:
 		t.inst.deduplicated.Add(ctx, 1, ss.base.add...)
+		t.markDuplicate(ss, ev)
 	}
 }
 

@@ -47,6 +47,10 @@ func (t *Telemetry) PublishHook(ctx context.Context, msg *broker.Message) error 
 	if !existing.IsValid() {
 		t.prop.Inject(sctx, carrier)
 	}
+	if slot, ok := ctx.Value(publishSlotKey{}).(*publishSlot); ok && slot.span == nil {
+		slot.span = span // Telemetry.Publish ends it when Publish returns
+		return nil
+	}
 	span.End()
 	return nil
 }
@@ -113,6 +117,9 @@ func (t *Telemetry) Middleware(sub broker.SubscriberInfo, next broker.Handler) b
 		if span.IsRecording() {
 			span.SetAttributes(semconv.MessagingMessageID(msg.ID),
 				semconv.MessagingMessageBodySize(len(msg.Payload)), AttemptKey.Int(msg.Attempt))
+			if broker.Redriven(ctx) {
+				span.SetAttributes(RedrivenKey.Bool(true))
+			}
 		}
 		t.inst.consumed.Add(context.Background(), 1, ss.base.add...)
 
