@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -186,4 +187,98 @@ func TestRedrivenDeliveryMarked(t *testing.T) {
 	assert.NotContains(t, attrs(spans[0].Attributes()), "inproc.broker.redriven")
 	assert.Equal(t, true, attrs(spans[1].Attributes())["inproc.broker.redriven"])
 	assert.Equal(t, codes.Unset, spans[1].Status().Code)
+}
+
+// TestDeadLetterMarksLastAttempt: the process span of the attempt that
+// made a dead letter carries a "dead_letter" event with the reason and the
+// dead letter's ID; earlier attempts' spans do not; and every span started
+// is ended, also where the Telemetry's Observer is not wired (then no
+// marker) and when a stop cuts the attempt short.
+func TestDeadLetterMarksLastAttempt(t *testing.T) {
+	boom := func(context.Context, broker.Message) error { return errors.New("boom") }
+	for _, tt := range []struct {
+		name     string
+		observer bool
+		retries  int
+		handler  broker.Handler
+		reason   string // "" for no marker
+		attempts int
+	}{
+		{"exhausted", true, 2, boom, broker.ReasonExhausted, 3},
+		{"permanent", true, 2, func(context.Context, broker.Message) error { return broker.Permanent(errors.New("bad")) }, broker.ReasonPermanent, 1},
+		{"panic", true, 0, func(context.Context, broker.Message) error { panic("oops") }, broker.ReasonExhausted, 1},
+		{"middleware without observer", false, 1, boom, "", 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, brokerotel.Options{})
+			opts := []broker.Option{broker.WithLogger(slog.New(slog.DiscardHandler)),
+				broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: tt.retries, Backoff: broker.ConstantBackoff(0)})}
+			if tt.observer {
+				opts = append(opts, e.tel.Options()...)
+			} else {
+				opts = append(opts, broker.WithMiddleware(e.tel.Middleware))
+			}
+			if tt.retries == 0 {
+				opts = append(opts, broker.WithRetryPolicy(broker.RetryPolicy{MaxRetries: broker.NoRetries}))
+			}
+			b := newBroker(t, opts...)
+			_, err := b.Subscribe("orders", "billing", tt.handler)
+			require.NoError(t, err)
+			require.NoError(t, b.Publish(context.Background(), broker.Message{ID: "m1", Topic: "orders"}))
+			closeBroker(t, b)
+
+			dls, err := b.DeadLetters().List(context.Background(), broker.DeadLetterFilter{})
+			require.NoError(t, err)
+			require.Len(t, dls, 1)
+			assert.Len(t, e.spans.Started(), len(e.spans.Ended()), "every span ended")
+			spans := e.ended("process orders")
+			require.Len(t, spans, tt.attempts)
+			marks := func(i int) (out []map[string]any) {
+				for _, ev := range spans[i].Events() {
+					if ev.Name == "dead_letter" {
+						out = append(out, attrs(ev.Attributes))
+					}
+				}
+				return out
+			}
+			for i := range tt.attempts - 1 {
+				assert.Empty(t, marks(i), "attempt %d", i+1)
+			}
+			last := marks(tt.attempts - 1)
+			if tt.reason == "" {
+				assert.Empty(t, last)
+				return
+			}
+			require.Len(t, last, 1)
+			assert.Equal(t, map[string]any{"inproc.broker.reason": tt.reason, "inproc.broker.dead_letter.id": dls[0].ID}, last[0])
+			assert.Equal(t, codes.Error, spans[tt.attempts-1].Status().Code)
+			assert.False(t, spans[tt.attempts-1].EndTime().After(dls[0].FailedAt), "the span lasts the attempt, not the store's Put")
+		})
+	}
+}
+
+// TestStopEndsParkedSpans: a handler that fails after a stop cancelled
+// its context, and one the stop abandons, leave no span open.
+func TestStopEndsParkedSpans(t *testing.T) {
+	e := newEnv(t, brokerotel.Options{})
+	b, err := broker.New(append(e.tel.Options(), broker.WithLogger(slog.New(slog.DiscardHandler)))...)
+	require.NoError(t, err)
+	started := make(chan struct{}, 1)
+	_, err = b.Subscribe("orders", "billing", func(ctx context.Context, _ broker.Message) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	require.NoError(t, err)
+	require.NoError(t, b.Publish(context.Background(), broker.Message{ID: "m1", Topic: "orders"}))
+	receive(t, started)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.Error(t, b.Close(ctx), "cut short")
+	dls, err := b.DeadLetters().List(context.Background(), broker.DeadLetterFilter{})
+	require.NoError(t, err)
+	require.Len(t, dls, 1)
+	assert.Equal(t, broker.ReasonShutdown, dls[0].Reason)
+	assert.Len(t, e.spans.Started(), len(e.spans.Ended()), "every span ended")
+	e.one(t, "dead_letter orders")
 }

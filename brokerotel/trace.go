@@ -137,20 +137,22 @@ func (t *Telemetry) Middleware(sub broker.SubscriberInfo, next broker.Handler) b
 			if v == nil {
 				cause = "runtime.Goexit called"
 			}
-			t.finish(ctx, span, start, ss, &broker.PanicError{Value: cause, Stack: debug.Stack()})
+			t.finish(ctx, span, start, ss, msg.ID, &broker.PanicError{Value: cause, Stack: debug.Stack()})
 			if v != nil {
 				panic(v)
 			}
 		}()
 		err = next(sctx, msg)
 		returned = true
-		t.finish(ctx, span, start, ss, err)
+		t.finish(ctx, span, start, ss, msg.ID, err)
 		return err
 	}
 }
 
-// finish ends an attempt's span and records its duration.
-func (t *Telemetry) finish(ctx context.Context, span trace.Span, start time.Time, ss *subSets, err error) {
+// finish ends an attempt's span and records its duration. A failed
+// attempt's recorded span is parked instead, when the broker will say
+// what follows (see parkedSpans), and ended then, at end.
+func (t *Telemetry) finish(ctx context.Context, span trace.Span, start time.Time, ss *subSets, msgID string, err error) {
 	end := time.Now()
 	opts := ss.base.rec
 	if err != nil {
@@ -163,7 +165,9 @@ func (t *Telemetry) finish(ctx context.Context, span trace.Span, start time.Time
 		}
 	}
 	if span.IsRecording() {
-		span.End(trace.WithTimestamp(end)) // the span lasts exactly what the metric says
+		if err == nil || !ss.parked.park(ctx, msgID, span, end) {
+			span.End(trace.WithTimestamp(end)) // the span lasts exactly what the metric says
+		}
 	} else {
 		span.End()
 	}
