@@ -118,18 +118,20 @@ const maxParked = 1024
 // has it, can leave spans parked (never exported).
 type parkedSpans struct {
 	observed atomic.Bool
+	n        atomic.Int32 // len(m): take skips the lock when 0
 	mu       sync.Mutex
 	m        map[string]parked // by message ID; guarded by mu
 }
 
 type parked struct {
-	span trace.Span
-	end  time.Time
+	span    trace.Span
+	end     time.Time
+	attempt int // msg.Attempt: a dead letter of another copy of the ID does not match
 }
 
 // park keeps span, ended at end, for id's outcome; false if it must be
 // ended now.
-func (p *parkedSpans) park(ctx context.Context, id string, span trace.Span, end time.Time) bool {
+func (p *parkedSpans) park(ctx context.Context, id string, attempt int, span trace.Span, end time.Time) bool {
 	if !p.observed.Load() || errors.Is(ctx.Err(), context.Canceled) {
 		return false
 	}
@@ -142,27 +144,37 @@ func (p *parkedSpans) park(ctx context.Context, id string, span trace.Span, end 
 	if p.m == nil {
 		p.m = make(map[string]parked)
 	}
-	p.m[id] = parked{span: span, end: end}
+	p.m[id] = parked{span: span, end: end, attempt: attempt}
 	if had {
 		old.span.End(trace.WithTimestamp(old.end))
+	} else {
+		p.n.Add(1)
 	}
 	return true
 }
 
-// take removes and returns id's parked span.
-func (p *parkedSpans) take(id string) (parked, bool) {
+// take removes and returns id's parked span; with attempt > 0, only the
+// span of that attempt.
+func (p *parkedSpans) take(id string, attempt int) (parked, bool) {
+	if p.n.Load() == 0 {
+		return parked{}, false
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	v, ok := p.m[id]
+	if ok && attempt > 0 && v.attempt != attempt {
+		return parked{}, false
+	}
 	if ok {
 		delete(p.m, id)
+		p.n.Add(-1)
 	}
 	return v, ok
 }
 
 // end ends id's parked span, if any, as it was.
 func (p *parkedSpans) end(id string) {
-	if v, ok := p.take(id); ok {
+	if v, ok := p.take(id, 0); ok {
 		v.span.End(trace.WithTimestamp(v.end))
 	}
 }
@@ -170,7 +182,9 @@ func (p *parkedSpans) end(id string) {
 // endDeadLettered ends the parked span of the attempt that made dl, if
 // any, with a "dead_letter" event: the reason and the dead letter's ID.
 func (p *parkedSpans) endDeadLettered(dl *broker.DeadLetter) {
-	v, ok := p.take(dl.Message.ID)
+	// A copy of the ID shed or cut off meanwhile is dead-lettered with its
+	// own attempt count, which is not the parked attempt's.
+	v, ok := p.take(dl.Message.ID, max(dl.Attempts, 1))
 	if !ok {
 		return
 	}

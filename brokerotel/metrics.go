@@ -185,11 +185,9 @@ func (h *subscriberHooks) DeadLettered(ev broker.DeadLetterEvent) {
 // attempted records ev, an event of the subscriber whose sets are ss.
 func (t *Telemetry) attempted(ss *subSets, ev *broker.AttemptEvent) {
 	ctx := context.Background()
-	if ev.Outcome != broker.OutcomeDeadLettered {
-		ss.parked.end(ev.MessageID) // a retry follows: the attempt's span ends as it was
-	}
 	switch ev.Outcome {
 	case broker.OutcomeRetry:
+		ss.parked.end(ev.MessageID) // a retry follows: the attempt's span ends as it was
 		t.inst.retries.Add(ctx, 1, ss.errorSet(t.codes.bound(ev.ErrorCode)).add...)
 	case broker.OutcomeDelivered:
 		t.inst.delivered.Add(ctx, 1, ss.base.add...)

@@ -137,14 +137,14 @@ func (t *Telemetry) Middleware(sub broker.SubscriberInfo, next broker.Handler) b
 			if v == nil {
 				cause = "runtime.Goexit called"
 			}
-			t.finish(ctx, span, start, ss, msg.ID, &broker.PanicError{Value: cause, Stack: debug.Stack()})
+			t.finish(ctx, span, start, ss, &msg, &broker.PanicError{Value: cause, Stack: debug.Stack()})
 			if v != nil {
 				panic(v)
 			}
 		}()
 		err = next(sctx, msg)
 		returned = true
-		t.finish(ctx, span, start, ss, msg.ID, err)
+		t.finish(ctx, span, start, ss, &msg, err)
 		return err
 	}
 }
@@ -152,7 +152,7 @@ func (t *Telemetry) Middleware(sub broker.SubscriberInfo, next broker.Handler) b
 // finish ends an attempt's span and records its duration. A failed
 // attempt's recorded span is parked instead, when the broker will say
 // what follows (see parkedSpans), and ended then, at end.
-func (t *Telemetry) finish(ctx context.Context, span trace.Span, start time.Time, ss *subSets, msgID string, err error) {
+func (t *Telemetry) finish(ctx context.Context, span trace.Span, start time.Time, ss *subSets, msg *broker.Message, err error) {
 	end := time.Now()
 	opts := ss.base.rec
 	if err != nil {
@@ -165,7 +165,7 @@ func (t *Telemetry) finish(ctx context.Context, span trace.Span, start time.Time
 		}
 	}
 	if span.IsRecording() {
-		if err == nil || !ss.parked.park(ctx, msgID, span, end) {
+		if err == nil || !ss.parked.park(ctx, msg.ID, msg.Attempt, span, end) {
 			span.End(trace.WithTimestamp(end)) // the span lasts exactly what the metric says
 		}
 	} else {
