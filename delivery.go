@@ -177,10 +177,14 @@ func (p *pipeline) turn(ctx context.Context, it *laneItem, h *hand, i int, d Del
 		f    failure
 		took timing
 	)
+	actx := ctx
+	if it.redriven {
+		actx = context.WithValue(ctx, redrivenKey{}, true) // see Redriven
+	}
 	if d != nil {
-		err, f, took = p.attemptKeptAlive(ctx, d, msg)
+		err, f, took = p.attemptKeptAlive(actx, d, msg)
 	} else {
-		err, f, took = p.attempt(ctx, msg)
+		err, f, took = p.attempt(actx, msg)
 	}
 	if err == nil && !stored {
 		if !h.leaveEnded() {

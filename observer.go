@@ -1,6 +1,9 @@
 package broker
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // This file is the Observer: the events the broker reports, for metrics
 // and tracing adapters that live outside this module.
@@ -129,10 +132,27 @@ type AttemptEvent struct {
 	Delay                        time.Duration // wait before the retry (Outcome == OutcomeRetry)
 	PublishedAt                  time.Time     // for end-to-end latency
 	Err                          error         // the handler's error, nil on success
+	// Headers are the message's headers as published (trace context,
+	// for one), not a handler's copy: read-only, shared with the
+	// broker, nil when the message was published without any.
+	Headers map[string]string
 }
 
 // DeadLetterEvent describes a dead letter after the store was asked to keep it.
 type DeadLetterEvent struct {
 	DeadLetter DeadLetter
 	StoreErr   error // the store's Put error; nil when stored
+}
+
+// redrivenKey is the context key of Redriven.
+type redrivenKey struct{}
+
+// Redriven reports whether ctx is the context of a handler attempt (or of
+// the middleware around it) of a redriven dead letter (Broker.Redrive,
+// RedriveMatching, or a transport's redelivery of one): a tracing or
+// logging middleware can tell it from a first delivery. Its Attempt counts
+// the redriven copy's attempts, from 1.
+func Redriven(ctx context.Context) bool {
+	v, _ := ctx.Value(redrivenKey{}).(bool)
+	return v
 }

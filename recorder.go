@@ -115,7 +115,7 @@ func (r *recorder) attempted(h *hand, msg *Message, t timing, code string, retry
 		r.obs.Attempted(AttemptEvent{
 			Topic: r.topic, Subscriber: r.subscriber, MessageID: msg.ID,
 			Attempt: attempt, Start: t.start, Duration: t.d, ErrorCode: code, Retryable: retryable,
-			Outcome: out, Delay: delay, PublishedAt: msg.PublishedAt, Err: err,
+			Outcome: out, Delay: delay, PublishedAt: msg.PublishedAt, Err: err, Headers: msg.Headers,
 		})
 		h.leave()
 	}

@@ -33,7 +33,9 @@
 // carry traceparent (and tracestate). That span is the message's creation
 // context. The hook runs before Publish queues the message, and Publish can
 // still refuse it afterwards (queue full, context ended): the span covers
-// the hook point only and is ended in the hook, so no span is ever left open.
+// the hook point only and is ended in the hook, so no span is ever left open;
+// [Telemetry.Publish] instead publishes and ends the span when Publish
+// returns, with status Error and error.type for a refused message.
 // Whether the message was accepted is what Publish returns to the caller
 // and what the messaging.client.sent.messages metric counts (with error.type
 // for a refusal). A message whose Headers already carry a trace context (a
@@ -48,7 +50,12 @@
 // starts a new trace and only links. The handler's context carries the span,
 // so the handler's own spans nest under it. A failed attempt sets status
 // Error, records the error as an exception event and sets error.type to the
-// broker's error code.
+// broker's error code. The attempt that made a dead letter gets a
+// "dead_letter" event with the reason and the dead letter's ID (when the
+// Telemetry is also the broker's Observer: it learns the outcome after the
+// attempt), and an instant "dead_letter <topic>" span joins the trace. A
+// skipped duplicate gets an instant "deduplicate <topic>" span; a
+// redriven dead letter's attempts carry inproc.broker.redriven=true.
 //
 // # Metrics
 //

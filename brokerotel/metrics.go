@@ -162,7 +162,9 @@ func (t *Telemetry) DeadLettered(ev broker.DeadLetterEvent) {
 // life; beyond the cache's bound, where t's own hooks build them on every
 // event, they are built once here.
 func (t *Telemetry) ForSubscriber(topic, subscriber string) broker.Observer {
-	return &subscriberHooks{t: t, ss: t.sets.subscriber(topic, subscriber)}
+	ss := t.sets.subscriber(topic, subscriber)
+	ss.parked.observed.Store(true) // its attempt events will come: the middleware may park spans
+	return &subscriberHooks{t: t, ss: ss}
 }
 
 // subscriberHooks are one subscriber's hooks (see ForSubscriber). The
@@ -185,6 +187,7 @@ func (t *Telemetry) attempted(ss *subSets, ev *broker.AttemptEvent) {
 	ctx := context.Background()
 	switch ev.Outcome {
 	case broker.OutcomeRetry:
+		ss.parked.end(ev.MessageID) // a retry follows: the attempt's span ends as it was
 		t.inst.retries.Add(ctx, 1, ss.errorSet(t.codes.bound(ev.ErrorCode)).add...)
 	case broker.OutcomeDelivered:
 		t.inst.delivered.Add(ctx, 1, ss.base.add...)
@@ -197,6 +200,7 @@ func (t *Telemetry) attempted(ss *subSets, ev *broker.AttemptEvent) {
 		}
 	case broker.OutcomeDeduplicated:
 		t.inst.deduplicated.Add(ctx, 1, ss.base.add...)
+		t.markDuplicate(ss, ev)
 	}
 }
 
@@ -206,6 +210,7 @@ func (t *Telemetry) deadLettered(ss *subSets, dl *broker.DeadLetter) {
 	set := attribute.NewSet(append(ss.attrs(),
 		ReasonKey.String(dl.Reason), semconv.ErrorTypeKey.String(t.codes.bound(dl.ErrorCode)))...)
 	t.inst.deadLettered.Add(ctx, 1, metric.WithAttributeSet(set))
+	ss.parked.endDeadLettered(dl)
 	t.markDeadLetter(ss, dl)
 	if !dl.Message.PublishedAt.IsZero() && !dl.FailedAt.IsZero() {
 		t.inst.endToEnd.Record(ctx, seconds(dl.FailedAt.Sub(dl.Message.PublishedAt)), ss.deadLettered.rec...)
@@ -296,6 +301,8 @@ type subSets struct {
 
 	mu     sync.Mutex
 	errors map[string]opts // base + error.type, by bounded code; guarded by mu
+
+	parked parkedSpans // failed attempts' process spans, until the broker says what follows
 }
 
 // attrs returns the attributes of base, in a new slice.

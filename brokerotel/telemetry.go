@@ -29,6 +29,9 @@ const (
 	// StateKey is how a message ended (delivered, dead_lettered) on
 	// inproc.broker.end_to_end.duration.
 	StateKey = attribute.Key("inproc.broker.state")
+	// RedrivenKey is true on the process spans of a redriven dead letter's
+	// attempts (broker.Redriven); absent on a first delivery's.
+	RedrivenKey = attribute.Key("inproc.broker.redriven")
 )
 
 // ErrInvalidArgument is returned (wrapped) for a nil argument.

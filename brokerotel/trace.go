@@ -47,6 +47,10 @@ func (t *Telemetry) PublishHook(ctx context.Context, msg *broker.Message) error 
 	if !existing.IsValid() {
 		t.prop.Inject(sctx, carrier)
 	}
+	if slot, ok := ctx.Value(publishSlotKey{}).(*publishSlot); ok && slot.span == nil {
+		slot.span = span // Telemetry.Publish ends it when Publish returns
+		return nil
+	}
 	span.End()
 	return nil
 }
@@ -113,6 +117,9 @@ func (t *Telemetry) Middleware(sub broker.SubscriberInfo, next broker.Handler) b
 		if span.IsRecording() {
 			span.SetAttributes(semconv.MessagingMessageID(msg.ID),
 				semconv.MessagingMessageBodySize(len(msg.Payload)), AttemptKey.Int(msg.Attempt))
+			if broker.Redriven(ctx) {
+				span.SetAttributes(RedrivenKey.Bool(true))
+			}
 		}
 		t.inst.consumed.Add(context.Background(), 1, ss.base.add...)
 
@@ -130,20 +137,22 @@ func (t *Telemetry) Middleware(sub broker.SubscriberInfo, next broker.Handler) b
 			if v == nil {
 				cause = "runtime.Goexit called"
 			}
-			t.finish(ctx, span, start, ss, &broker.PanicError{Value: cause, Stack: debug.Stack()})
+			t.finish(ctx, span, start, ss, &msg, &broker.PanicError{Value: cause, Stack: debug.Stack()})
 			if v != nil {
 				panic(v)
 			}
 		}()
 		err = next(sctx, msg)
 		returned = true
-		t.finish(ctx, span, start, ss, err)
+		t.finish(ctx, span, start, ss, &msg, err)
 		return err
 	}
 }
 
-// finish ends an attempt's span and records its duration.
-func (t *Telemetry) finish(ctx context.Context, span trace.Span, start time.Time, ss *subSets, err error) {
+// finish ends an attempt's span and records its duration. A failed
+// attempt's recorded span is parked instead, when the broker will say
+// what follows (see parkedSpans), and ended then, at end.
+func (t *Telemetry) finish(ctx context.Context, span trace.Span, start time.Time, ss *subSets, msg *broker.Message, err error) {
 	end := time.Now()
 	opts := ss.base.rec
 	if err != nil {
@@ -156,7 +165,9 @@ func (t *Telemetry) finish(ctx context.Context, span trace.Span, start time.Time
 		}
 	}
 	if span.IsRecording() {
-		span.End(trace.WithTimestamp(end)) // the span lasts exactly what the metric says
+		if err == nil || !ss.parked.park(ctx, msg.ID, msg.Attempt, span, end) {
+			span.End(trace.WithTimestamp(end)) // the span lasts exactly what the metric says
+		}
 	} else {
 		span.End()
 	}

@@ -232,7 +232,8 @@ func TestFailedAttempt(t *testing.T) {
 			assert.Equal(t, codes.Error, consumer.Status().Code)
 			assert.Equal(t, tt.wantCode, consumer.Status().Description)
 			assert.Equal(t, tt.wantCode, attrs(consumer.Attributes())["error.type"], "error.type is the broker's code")
-			require.Len(t, consumer.Events(), 1)
+			require.Len(t, consumer.Events(), 2, "the exception, then the dead letter's mark")
+			assert.Equal(t, "dead_letter", consumer.Events()[1].Name)
 			ev := consumer.Events()[0]
 			assert.Equal(t, "exception", ev.Name)
 			evAttrs := attrs(ev.Attributes)
