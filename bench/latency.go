@@ -68,9 +68,13 @@ type LatencyResult struct {
 	// Latency from a message's intended send time to the entry of each
 	// subscriber's handler: percentiles (nearest rank) and the largest.
 	P50, P99, P999, Max time.Duration
-	// Rate is the rate reached, messages per second: the measured
-	// messages over the time from the first one's intended send time to
-	// the last handler entry of the cell.
+	// Rate is the rate reached, messages per second, from the middle of
+	// the first window to the middle of the last (see Windows): the
+	// messages between the two middle messages over the time between
+	// their median deliveries (intended send time plus the window's
+	// median latency). A backlog that grows stretches that time; a stall
+	// that drains before the last window does not, nor does the drain of
+	// a stall at the very end.
 	Rate float64
 	// Windows are the median latencies of LatencyWindows windows of the
 	// measured messages, in publish order (a growing backlog shows here).
@@ -279,13 +283,11 @@ func runLatency(impl Impl, cell LatencyCell, measured int, timeout time.Duration
 	res.Messages, res.Samples = measured, measured*cell.Subs
 	lat = make([]int64, 0, res.Samples)
 	windows := make([][]int64, LatencyWindows)
-	last := int64(0)
 	for seq := warm; seq < total; seq++ {
 		due := p.due(seq)
 		win := &windows[(seq-warm)*LatencyWindows/measured]
 		for sub := range cell.Subs {
 			at := arrived[sub*total+seq].Load()
-			last = max(last, at)
 			lat = append(lat, at-due)
 			*win = append(*win, at-due)
 		}
@@ -298,11 +300,30 @@ func runLatency(impl Impl, cell LatencyCell, measured int, timeout time.Duration
 	res.P99 = time.Duration(percentile(lat, 99))
 	res.P999 = time.Duration(percentile(lat, 99.9))
 	res.Max = time.Duration(lat[len(lat)-1])
-	if span := last - p.due(warm); span > 0 {
-		res.Rate = float64(measured-1) / time.Duration(span).Seconds()
-	}
+	res.Rate = reachedRate(p, warm, measured, res.Windows)
 	res.Saturated = saturation(float64(cell.Rate), res.Rate, res.Windows)
 	return res, lat
+}
+
+// reachedRate is the rate a cell reached (see LatencyResult.Rate): p its
+// schedule, the measured messages seq warm..warm+measured-1 cut into
+// len(windows) windows as runLatency cuts them, windows their median
+// latencies.
+func reachedRate(p pacer, warm, measured int, windows []time.Duration) float64 {
+	k := len(windows)
+	if k < 2 {
+		return 0
+	}
+	mid := func(w int) int { // the middle message of window w: offsets o with o*k/measured == w
+		first, next := (w*measured+k-1)/k, ((w+1)*measured+k-1)/k
+		return (first + next - 1) / 2
+	}
+	a, b := mid(0), mid(k-1)
+	span := time.Duration(p.due(warm+b)-p.due(warm+a)) + windows[k-1] - windows[0]
+	if b <= a || span <= 0 {
+		return 0
+	}
+	return float64(b-a) / span.Seconds()
 }
 
 // LatencySummary is a one-line account of r, for progress output.

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -166,6 +167,37 @@ func TestSaturation(t *testing.T) {
 		got := saturation(100_000, tt.rate, tt.windows)
 		if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
 			t.Errorf("%s: saturation = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestReachedRate(t *testing.T) {
+	flat := make([]time.Duration, LatencyWindows)
+	for i := range flat {
+		flat[i] = 5 * time.Microsecond
+	}
+	grew := slices.Clone(flat)
+	grew[LatencyWindows-1] += 10 * time.Millisecond
+	faster := slices.Clone(flat)
+	faster[0] += 9 * time.Millisecond // a stall in the first window that drained
+	p := pacer{start: 12345, rate: 10_000}
+	tests := []struct {
+		name           string
+		warm, measured int
+		windows        []time.Duration
+		want           float64
+	}{
+		{"flat", 100, 1000, flat, 10_000},                   // messages 49..949: 900 over 90 ms
+		{"last window 10 ms later", 100, 1000, grew, 9_000}, // 900 over 100 ms
+		{"first window 9 ms late", 100, 1000, faster, 900 / 0.081},
+		{"ten messages", 1, 10, flat, 10_000},     // one message a window: 0..9
+		{"fifteen messages", 1, 15, flat, 10_000}, // windows of 2 or 1: middles 0 and 14
+		{"one window", 1, 15, flat[:1], 0},
+	}
+	for _, tt := range tests {
+		got := reachedRate(p, tt.warm, tt.measured, tt.windows)
+		if math.Abs(got-tt.want) > 1e-6*tt.want {
+			t.Errorf("%s: rate %v, want %v", tt.name, got, tt.want)
 		}
 	}
 }
