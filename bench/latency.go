@@ -283,11 +283,13 @@ func runLatency(impl Impl, cell LatencyCell, measured int, timeout time.Duration
 	res.Messages, res.Samples = measured, measured*cell.Subs
 	lat = make([]int64, 0, res.Samples)
 	windows := make([][]int64, LatencyWindows)
+	last := int64(0) // the last handler entry
 	for seq := warm; seq < total; seq++ {
 		due := p.due(seq)
 		win := &windows[(seq-warm)*LatencyWindows/measured]
 		for sub := range cell.Subs {
 			at := arrived[sub*total+seq].Load()
+			last = max(last, at)
 			lat = append(lat, at-due)
 			*win = append(*win, at-due)
 		}
@@ -301,6 +303,9 @@ func runLatency(impl Impl, cell LatencyCell, measured int, timeout time.Duration
 	res.P999 = time.Duration(percentile(lat, 99.9))
 	res.Max = time.Duration(lat[len(lat)-1])
 	res.Rate = reachedRate(p, warm, measured, res.Windows)
+	if res.Rate == 0 { // the first window was late by more than the run between the middles: end to end instead
+		res.Rate = float64(measured-1) / time.Duration(last-p.due(warm)).Seconds()
+	}
 	res.Saturated = saturation(float64(cell.Rate), res.Rate, res.Windows)
 	return res, lat
 }
@@ -308,7 +313,9 @@ func runLatency(impl Impl, cell LatencyCell, measured int, timeout time.Duration
 // reachedRate is the rate a cell reached (see LatencyResult.Rate): p its
 // schedule, the measured messages seq warm..warm+measured-1 cut into
 // len(windows) windows as runLatency cuts them, windows their median
-// latencies.
+// latencies. It is 0 when there are fewer than two windows, or when the
+// first window's median delivery is not before the last's (the first
+// window was late by more than the run between them).
 func reachedRate(p pacer, warm, measured int, windows []time.Duration) float64 {
 	k := len(windows)
 	if k < 2 {

@@ -193,10 +193,11 @@ func TestReachedRate(t *testing.T) {
 		{"ten messages", 1, 10, flat, 10_000},     // one message a window: 0..9
 		{"fifteen messages", 1, 15, flat, 10_000}, // windows of 2 or 1: middles 0 and 14
 		{"one window", 1, 15, flat[:1], 0},
+		{"first window later than the last", 1, 10, append([]time.Duration{time.Millisecond}, flat[1:]...), 0}, // 9 intervals are 0.9 ms
 	}
 	for _, tt := range tests {
 		got := reachedRate(p, tt.warm, tt.measured, tt.windows)
-		if math.Abs(got-tt.want) > 1e-6*tt.want {
+		if math.Abs(got-tt.want) > 1e-6*tt.want || (tt.want == 0) != (got == 0) {
 			t.Errorf("%s: rate %v, want %v", tt.name, got, tt.want)
 		}
 	}
