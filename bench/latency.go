@@ -74,8 +74,13 @@ type LatencyResult struct {
 	// their median deliveries (intended send time plus the window's
 	// median latency). A backlog that grows stretches that time; a stall
 	// that drains before the last window does not, nor does the drain of
-	// a stall at the very end.
+	// a stall at the very end. (When the first window's median delivery
+	// is not before the last's, it is the measured messages over the time
+	// from the first one's intended send to the last delivery.)
 	Rate float64
+	// SubP50 is each subscriber's median latency, in subscription order
+	// (nil with one subscriber).
+	SubP50 []time.Duration
 	// Windows are the median latencies of LatencyWindows windows of the
 	// measured messages, in publish order (a growing backlog shows here).
 	Windows []time.Duration
@@ -297,6 +302,16 @@ func runLatency(impl Impl, cell LatencyCell, measured int, timeout time.Duration
 	for _, win := range windows {
 		res.Windows = append(res.Windows, time.Duration(median(win)))
 	}
+	if cell.Subs > 1 {
+		mine := make([]int64, 0, measured)
+		for sub := range cell.Subs {
+			mine = mine[:0]
+			for seq := warm; seq < total; seq++ {
+				mine = append(mine, arrived[sub*total+seq].Load()-p.due(seq))
+			}
+			res.SubP50 = append(res.SubP50, time.Duration(median(mine)))
+		}
+	}
 	slices.Sort(lat)
 	res.P50 = time.Duration(percentile(lat, 50))
 	res.P99 = time.Duration(percentile(lat, 99))
@@ -345,17 +360,19 @@ func LatencySummary(r LatencyResult) string {
 		fmtDur(r.P50), fmtDur(r.P99), fmtDur(r.P999), fmtDur(r.Max), siLabel(r.Rate), r.Messages, r.Cell.Subs)
 }
 
+// fmtUs formats d as a number of µs, without the unit.
+func fmtUs(d time.Duration) string {
+	v := float64(d) / float64(time.Microsecond)
+	if v < 10 {
+		return fmt.Sprintf("%.1f", v)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
 // latencyCellText is r's cell in the report's latency table.
 func latencyCellText(r LatencyResult) string {
-	us := func(d time.Duration) string {
-		v := float64(d) / float64(time.Microsecond)
-		if v < 10 {
-			return fmt.Sprintf("%.1f", v)
-		}
-		return fmt.Sprintf("%.0f", v)
-	}
 	if r.Saturated != "" {
 		return "saturated (" + siLabel(r.Rate) + "/s)"
 	}
-	return strings.Join([]string{us(r.P50), us(r.P99), us(r.P999)}, " · ")
+	return strings.Join([]string{fmtUs(r.P50), fmtUs(r.P99), fmtUs(r.P999)}, " · ")
 }

@@ -291,8 +291,13 @@ func TestLatencyCells(t *testing.T) {
 				if r.Err != nil {
 					t.Fatal(r.Err)
 				}
-				if r.Messages != n || r.Samples != n*c.Subs || len(r.Windows) != LatencyWindows {
-					t.Fatalf("%d messages, %d samples, %d windows: want %d, %d, %d", r.Messages, r.Samples, len(r.Windows), n, n*c.Subs, LatencyWindows)
+				subP50s := 0 // one per subscriber, none with one
+				if c.Subs > 1 {
+					subP50s = c.Subs
+				}
+				if r.Messages != n || r.Samples != n*c.Subs || len(r.Windows) != LatencyWindows || len(r.SubP50) != subP50s {
+					t.Fatalf("%d messages, %d samples, %d windows, %d subscriber p50s: want %d, %d, %d, %d",
+						r.Messages, r.Samples, len(r.Windows), len(r.SubP50), n, n*c.Subs, LatencyWindows, subP50s)
 				}
 				if !(0 < r.P50 && r.P50 <= r.P99 && r.P99 <= r.P999 && r.P999 <= r.Max) || r.Rate <= 0 {
 					t.Fatalf("inconsistent result %+v", r)
@@ -341,7 +346,7 @@ func TestLatencyReport(t *testing.T) {
 	tab := &Table{LatencyTime: time.Second, Latency: []LatencyResult{
 		{Impl: "floor", Cell: l1, P50: 1800 * time.Nanosecond, P99: 21 * us, P999: 1045 * us, Max: 1244 * us, Rate: 10_000},
 		{Impl: "broker", Cell: l1, P50: 5300 * time.Nanosecond, P99: 40 * us, P999: 90 * us, Max: 100 * us, Rate: 9_990},
-		{Impl: "floor", Cell: l2, P50: 3 * us, P99: 30 * us, P999: 300 * us, Max: 400 * us, Rate: 99_800},
+		{Impl: "floor", Cell: l2, P50: 3 * us, P99: 30 * us, P999: 300 * us, Max: 400 * us, Rate: 99_800, SubP50: []time.Duration{2 * us, 3 * us, 3 * us, 12 * us}},
 		{Impl: "broker", Cell: l2, Rate: 61_450, Saturated: "reached 61.45k/s of 100k/s"},
 		{Impl: "watermill", Cell: l2, Err: ErrTimeout},
 	}}
@@ -354,6 +359,7 @@ func TestLatencyReport(t *testing.T) {
 		"| broker | 5.3 · 40 · 90 | saturated (61.45k/s) |",
 		"| watermill | – | FAIL (F1) |",
 		"| broker | 9.99k · 100 µs | 61.45k · 0.0 µs · reached 61.45k/s of 100k/s |",
+		"| floor | 10k · 1244 µs | 99.8k · 400 µs · 2.0/3.0/3.0/12 |",
 		"- F1: latency L2@100k watermill: timeout",
 		"1s of traffic per cell",
 	} {

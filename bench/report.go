@@ -368,10 +368,17 @@ func (t *Table) writeLatency(w io.Writer, failure func(string) string) {
 		t.LatencyTime, 100*MinRateShare, BacklogGrowth, BacklogFactor)
 	table(latencyCellText)
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Rate reached (messages/s) · largest latency; for a saturated cell, why:")
+	fmt.Fprintln(w, "Rate reached (messages/s) · largest latency · with several subscribers, each one's p50 in µs in subscription order; for a saturated cell, why:")
 	fmt.Fprintln(w)
 	table(func(r LatencyResult) string {
 		s := fmt.Sprintf("%s · %s", siLabel(r.Rate), fmtDur(r.Max))
+		if len(r.SubP50) > 0 {
+			var p50s []string
+			for _, d := range r.SubP50 {
+				p50s = append(p50s, fmtUs(d))
+			}
+			s += " · " + strings.Join(p50s, "/")
+		}
 		if r.Saturated != "" {
 			s += " · " + r.Saturated
 		}
