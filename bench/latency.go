@@ -48,9 +48,11 @@ var LatencyImpls = []string{"floor", "naive", "broker", "broker-nodedup", "water
 // messages are cut into LatencyWindows windows in publish order, and the
 // median latency of the last window exceeds the first's by more than
 // BacklogGrowth and by a factor of more than BacklogFactor, rising from
-// one window to the next at all steps but at most one. (A queue that
+// one window to the next at all steps but at most one (a queue that
 // grows makes every window later than the one before; a stall of the
-// machine lifts one or two windows and then drains.)
+// machine lifts one or two windows and then drains); or every window's
+// median exceeds that of the first tenth of the warm-up by as much (a
+// backlog that formed in the warm-up and never drained).
 const (
 	MinRateShare   = 0.95
 	LatencyWindows = 10
@@ -78,6 +80,9 @@ type LatencyResult struct {
 	// is not before the last's, it is the measured messages over the time
 	// from the first one's intended send to the last delivery.)
 	Rate float64
+	// Start is the median latency of the first tenth of the warm-up (a
+	// backlog that forms there and never drains shows against it).
+	Start time.Duration
 	// SubP50 is each subscriber's median latency, in subscription order
 	// (nil with one subscriber).
 	SubP50 []time.Duration
@@ -165,15 +170,17 @@ func median(samples []int64) int64 {
 }
 
 // saturation says why a cell with target rate target that reached rate,
-// with windows its median latencies per window in publish order, is
-// saturated, or "" when it is not.
-func saturation(target, rate float64, windows []time.Duration) string {
+// with start the median latency of the first tenth of its warm-up and
+// windows its median latencies per window in publish order, is saturated,
+// or "" when it is not.
+func saturation(target, rate float64, start time.Duration, windows []time.Duration) string {
 	if rate < MinRateShare*target {
 		return fmt.Sprintf("reached %s/s of %s/s", siLabel(rate), siLabel(target))
 	}
 	if len(windows) < 2 {
 		return ""
 	}
+	grew := func(from, to time.Duration) bool { return to-from > BacklogGrowth && to > BacklogFactor*from }
 	first, last := windows[0], windows[len(windows)-1]
 	falls := 0
 	for i := 1; i < len(windows); i++ {
@@ -181,8 +188,11 @@ func saturation(target, rate float64, windows []time.Duration) string {
 			falls++
 		}
 	}
-	if last-first > BacklogGrowth && last > BacklogFactor*first && falls <= 1 {
+	if grew(first, last) && falls <= 1 {
 		return fmt.Sprintf("backlog grew: median %s in the first window, %s in the last", fmtDur(first), fmtDur(last))
+	}
+	if low := slices.Min(windows); grew(start, low) {
+		return fmt.Sprintf("backlog grew in the warm-up and never drained: median %s at the start, at least %s in every window", fmtDur(start), fmtDur(low))
 	}
 	return ""
 }
@@ -321,7 +331,14 @@ func runLatency(impl Impl, cell LatencyCell, measured int, timeout time.Duration
 	if res.Rate == 0 { // the first window was late by more than the run between the middles: end to end instead
 		res.Rate = float64(measured-1) / time.Duration(last-p.due(warm)).Seconds()
 	}
-	res.Saturated = saturation(float64(cell.Rate), res.Rate, res.Windows)
+	startLat := make([]int64, 0, cell.Subs*max(warm/10, 1))
+	for seq := range max(warm/10, 1) {
+		for sub := range cell.Subs {
+			startLat = append(startLat, arrived[sub*total+seq].Load()-p.due(seq))
+		}
+	}
+	res.Start = time.Duration(median(startLat))
+	res.Saturated = saturation(float64(cell.Rate), res.Rate, res.Start, res.Windows)
 	return res, lat
 }
 

@@ -145,26 +145,42 @@ func TestSaturation(t *testing.T) {
 	stallAtEnd[9] = 30 * ms
 	small := []time.Duration{100 * us, 200 * us, 300 * us, 400 * us, 500 * us, 600 * us, 700 * us, 800 * us, 900 * us, 1000 * us}
 	slow := []time.Duration{2 * ms, 2100 * us, 2200 * us, 2400 * us, 2600 * us, 2800 * us, 3 * ms, 3200 * us, 3300 * us, 3500 * us}
+	plateau := []time.Duration{130 * ms, 134 * ms, 131 * ms, 136 * ms, 133 * ms, 135 * ms, 132 * ms, 134 * ms, 133 * ms, 134 * ms}
+	lowPlateau := make([]time.Duration, len(plateau))
+	for i, d := range plateau {
+		lowPlateau[i] = d / 200 // 650–680 µs
+	}
+	plateauDrained := slices.Clone(plateau)
+	plateauDrained[9] = 8 * us
 	tests := []struct {
 		name    string
 		rate    float64 // reached, of 100k/s
 		windows []time.Duration
-		want    string // substring of the reason; "" for not saturated
+		start   time.Duration // median latency at the start of the warm-up (0: 5 µs)
+		want    string        // substring of the reason; "" for not saturated
 	}{
-		{"at rate, flat", 100_000, flat, ""},
-		{"short of rate", 94_000, flat, "reached 94k/s of 100k/s"},
-		{"within 5%", 96_000, flat, ""},
-		{"backlog rising", 100_000, rising, "backlog grew"},
-		{"backlog with one dip", 99_000, oneDip, "backlog grew"},
-		{"two dips: noise", 100_000, twoDips, ""},
-		{"a stall that drained", 100_000, stall, ""},
-		{"a stall in the last window only", 100_000, stallAtEnd, ""},
-		{"rising under 1 ms", 100_000, small, ""},
-		{"rising under 2×", 100_000, slow, ""},
-		{"no windows", 100_000, nil, ""},
+		{"at rate, flat", 100_000, flat, 0, ""},
+		{"short of rate", 94_000, flat, 0, "reached 94k/s of 100k/s"},
+		{"within 5%", 96_000, flat, 0, ""},
+		{"backlog rising", 100_000, rising, 0, "backlog grew"},
+		{"backlog with one dip", 99_000, oneDip, 0, "backlog grew"},
+		{"two dips: noise", 100_000, twoDips, 0, ""},
+		{"a stall that drained", 100_000, stall, 0, ""},
+		{"a stall in the last window only", 100_000, stallAtEnd, 0, ""},
+		{"rising under 1 ms", 100_000, small, 0, ""},
+		{"rising under 2×", 100_000, slow, 1900 * us, ""},
+		{"no windows", 100_000, nil, 0, ""},
+		{"standing backlog from the warm-up", 100_000, plateau, 0, "never drained"},
+		{"standing but under 1 ms", 100_000, lowPlateau, 0, ""},
+		{"as slow from the start", 100_000, plateau, 100 * ms, ""},
+		{"one window drained", 100_000, plateauDrained, 0, ""},
 	}
 	for _, tt := range tests {
-		got := saturation(100_000, tt.rate, tt.windows)
+		start := tt.start
+		if start == 0 {
+			start = 5 * us
+		}
+		got := saturation(100_000, tt.rate, start, tt.windows)
 		if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
 			t.Errorf("%s: saturation = %q, want %q", tt.name, got, tt.want)
 		}
