@@ -5,16 +5,17 @@ import (
 	"time"
 )
 
-// BenchmarkWorkloads runs every workload on every implementation with
-// b.N messages per run (all topics together; W3 rounds b.N down to a
-// multiple of 64). ns/msg is the end-to-end time per published message,
-// first publish to last delivery; allocs/msg and B/msg count every heap
-// allocation in the process meanwhile; ooo/delivery is the share of
-// deliveries that arrived after a later message of the same topic.
+// BenchmarkWorkloads runs every workload, Shapes included, on every
+// implementation with b.N messages per run (all topics together; W3 rounds
+// b.N down to a multiple of 64, P3 to one of 16). ns/msg is the end-to-end
+// time per published message, first publish to last delivery; allocs/msg
+// and B/msg count every heap allocation in the process meanwhile;
+// ooo/delivery is the share of deliveries that arrived after a later
+// message of the same topic.
 //
 //	go test -run '^$' -bench 'Workloads/W2/' -benchtime 50000x
 func BenchmarkWorkloads(b *testing.B) {
-	for _, w := range Workloads {
+	for _, w := range append(Workloads[:len(Workloads):len(Workloads)], Shapes...) {
 		for _, impl := range AllImpls() {
 			b.Run(w.Name+"/"+impl.Name, func(b *testing.B) {
 				benchCell(b, impl, w)

@@ -61,6 +61,17 @@ var Workloads = []Workload{
 		FailingSubs: 1, RetryBackoff: 10 * time.Millisecond, PayloadSize: 64},
 }
 
+// Shapes are extra rows, not in the default table (name them with
+// -workloads): the three shapes the hot path is tuned on, so that a
+// pairs.sh round gives each implementation's ratio to the floor on them.
+// P1 is W1's shape; P2 and P3 are W2 and W3 with fewer subscribers and
+// topics (W2 has 8 subscribers, W3 64 topics).
+var Shapes = []Workload{
+	{Name: "P1", Title: "1 topic, 1 sub, no-op (W1's shape)", Topics: 1, Subs: 1, Publishers: 1, Concurrency: 1, PayloadSize: 64},
+	{Name: "P2", Title: "1 topic, 4 subs (fan-out)", Topics: 1, Subs: 4, Publishers: 1, Concurrency: 1, PayloadSize: 64},
+	{Name: "P3", Title: "16 topics × 1 sub, 4 publishers", Topics: 16, Subs: 1, Publishers: 4, Concurrency: 1, PayloadSize: 64},
+}
+
 // W7MaxRetries is how often implementations retry a W7 failure.
 const W7MaxRetries = 2
 
@@ -71,9 +82,9 @@ var ErrNotMeasured = errors.New("not measured")
 
 func errNotMeasured(why string) error { return fmt.Errorf("%w: %s", ErrNotMeasured, why) }
 
-// WorkloadByName returns the workload called name.
+// WorkloadByName returns the workload called name, Shapes included.
 func WorkloadByName(name string) (Workload, bool) {
-	for _, w := range Workloads {
+	for _, w := range append(Workloads[:len(Workloads):len(Workloads)], Shapes...) {
 		if w.Name == name {
 			return w, true
 		}

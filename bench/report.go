@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 )
@@ -21,6 +22,9 @@ type Table struct {
 	BaseN     int
 	Elapsed   time.Duration // the whole run
 	Command   string        // how it was run
+
+	Latency     []LatencyResult // the latency table's cells
+	LatencyTime time.Duration   // measured traffic per latency cell
 }
 
 // Key is a cell's key in Table.Cells.
@@ -139,6 +143,9 @@ func (t *Table) Write(w io.Writer) {
 	// workloadTable writes one table with a row per workload and a column
 	// per implementation; text formats a cell that ran without error.
 	workloadTable := func(title, intro string, text func(wl Workload, impl string, r Result) string) {
+		if len(t.Workloads) == 0 {
+			return
+		}
 		fmt.Fprintln(w, title)
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, intro)
@@ -174,6 +181,8 @@ func (t *Table) Write(w io.Writer) {
 			}
 			return fmtNs(r.NsPerMsg)
 		})
+
+	t.writeLatency(w, failure)
 
 	fmt.Fprintln(w)
 	workloadTable("### Allocations per published message: allocs/msg · B/msg",
@@ -299,4 +308,80 @@ func containsInt(s []int, v int) bool {
 		}
 	}
 	return false
+}
+
+// writeLatency writes the latency tables (nothing without latency cells);
+// failure numbers a failed cell's reason as the other tables do.
+func (t *Table) writeLatency(w io.Writer, failure func(string) string) {
+	if len(t.Latency) == 0 {
+		return
+	}
+	var cells []LatencyCell
+	var impls []string
+	for _, r := range t.Latency {
+		if !slices.Contains(cells, r.Cell) {
+			cells = append(cells, r.Cell)
+		}
+		if !slices.Contains(impls, r.Impl) {
+			impls = append(impls, r.Impl)
+		}
+	}
+	find := func(impl string, c LatencyCell) (LatencyResult, bool) {
+		for _, r := range t.Latency {
+			if r.Impl == impl && r.Cell == c {
+				return r, true
+			}
+		}
+		return LatencyResult{}, false
+	}
+	table := func(text func(LatencyResult) string) {
+		fmt.Fprint(w, "| |")
+		for _, c := range cells {
+			fmt.Fprintf(w, " %s: %d sub%s @%s/s |", c.Name, c.Subs, map[bool]string{true: "s"}[c.Subs > 1], siLabel(float64(c.Rate)))
+		}
+		fmt.Fprint(w, "\n|---|")
+		for range cells {
+			fmt.Fprint(w, "---:|")
+		}
+		fmt.Fprintln(w)
+		for _, impl := range impls {
+			fmt.Fprintf(w, "| %s |", impl)
+			for _, c := range cells {
+				r, ok := find(impl, c)
+				switch {
+				case !ok:
+					fmt.Fprint(w, " – |")
+				case r.Err != nil:
+					fmt.Fprintf(w, " %s |", failure(fmt.Sprintf("latency %s %s: %v", c.Label(), impl, r.Err)))
+				default:
+					fmt.Fprintf(w, " %s |", text(r))
+				}
+			}
+			fmt.Fprintln(w)
+		}
+	}
+
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "### Latency, paced publisher: µs from intended send to handler entry, p50 · p99 · p99.9")
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "One topic, no-op handlers, 64 B; one publisher sends message i at start + i/rate whatever happened before (open loop), and a delivery's latency is from that intended time to its handler's entry, so a publisher held up by backpressure adds its delay to every message it held up (no coordinated omission). With 4 subscribers every delivery is a sample. %v of traffic per cell after a warm-up tenth that is not measured. A cell that reached less than %.0f%% of its rate, or whose backlog grew (the median latency of each tenth of the run higher than the one before, at all steps but one, and the last more than %[3]v and %[4]d× above the first; or every tenth's more than %[3]v and %[4]d× above that at the start of the warm-up), is **saturated**: its latencies measure the backlog, so the table shows the rate it reached instead. Lower is better.\n\n",
+		t.LatencyTime, 100*MinRateShare, BacklogGrowth, BacklogFactor)
+	table(latencyCellText)
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Rate reached (messages/s) · largest latency · with several subscribers, each one's p50 in µs in subscription order; for a saturated cell, why:")
+	fmt.Fprintln(w)
+	table(func(r LatencyResult) string {
+		s := fmt.Sprintf("%s · %s", siLabel(r.Rate), fmtDur(r.Max))
+		if len(r.SubP50) > 0 {
+			var p50s []string
+			for _, d := range r.SubP50 {
+				p50s = append(p50s, fmtUs(d))
+			}
+			s += " · " + strings.Join(p50s, "/")
+		}
+		if r.Saturated != "" {
+			s += " · " + r.Saturated
+		}
+		return s
+	})
 }

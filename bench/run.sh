@@ -8,7 +8,10 @@
 #   TIMEOUT=30s     limit per cell (a cell past it is a FAIL, never a hang)
 #   COUNT=1         runs per table cell (the report shows the median)
 #   IMPLS=...       comma-separated implementations
+#   LAT_TIME=1s     measured traffic per latency cell (after a warm-up tenth)
+#   LAT_IMPLS=...   comma-separated implementations for the latency cells
 # Extra arguments go to the runner, e.g. ./run.sh -workloads W1,W2 -sweep=false
+# (-latency=false leaves the latency cells out).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -18,6 +21,8 @@ MIN_TIME=${MIN_TIME:-250ms}
 TIMEOUT=${TIMEOUT:-30s}
 COUNT=${COUNT:-1}
 IMPLS=${IMPLS:-floor,naive,broker,broker-nodedup,watermill,nats,jetstream}
+LAT_TIME=${LAT_TIME:-1s}
+LAT_IMPLS=${LAT_IMPLS:-floor,naive,broker,broker-nodedup,watermill,nats}
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -25,7 +30,8 @@ go build -o "$tmp/benchtable" ./cmd/benchtable
 
 start=$(date +%s)
 "$tmp/benchtable" -n "$N" -sweep-n "$SWEEP_N" -min-time "$MIN_TIME" -timeout "$TIMEOUT" -count "$COUNT" \
-	-impls "$IMPLS" -out "$tmp/table.md" -chart "$tmp/chart.svg" "$@"
+	-impls "$IMPLS" -latency -latency-impls "$LAT_IMPLS" -latency-time "$LAT_TIME" \
+	-out "$tmp/table.md" -chart "$tmp/chart.svg" "$@"
 end=$(date +%s)
 
 # Both files are written in place only once the run produced them (not,

@@ -29,7 +29,7 @@ func main() {
 		n           = flag.Int("n", 50000, "messages per cell (W4 and W6/64KiB publish 0.4×; fan-out counts a message once)")
 		sweepN      = flag.Int("sweep-n", 100000, "deliveries per chart point (subscriber sweep publishes sweep-n/subs; topic sweep publishes sweep-n)")
 		implList    = flag.String("impls", "all", "comma-separated implementations: "+strings.Join(implNames(), ",")+` ("all": those without "-" in the name)`)
-		workList    = flag.String("workloads", "all", "comma-separated workloads: "+strings.Join(workloadNames(), ","))
+		workList    = flag.String("workloads", "all", "comma-separated workloads: "+strings.Join(workloadNames(), ",")+` ("all": the W rows; "none": no throughput table)`)
 		timeout     = flag.Duration("timeout", 30*time.Second, "limit per cell, setup to close; a cell past it is reported as FAIL")
 		minTime     = flag.Duration("min-time", 250*time.Millisecond, "a cell that took less is run again with proportionally more messages (0: never)")
 		maxDeliv    = flag.Int("max-deliveries", 2_000_000, "cap on messages × subscribers when -min-time scales a cell up")
@@ -41,6 +41,10 @@ func main() {
 		chart       = flag.String("chart", "", "SVG chart file (empty: none; needs -sweep)")
 		quiet       = flag.Bool("q", false, "no progress on stderr")
 		count       = flag.Int("count", 1, "runs per table cell; the report shows the one with the median ns/msg (any failure shows as FAIL)")
+		latency     = flag.Bool("latency", false, "run the latency cells: a paced publisher, µs from intended send to handler entry (p50/p99/p99.9)")
+		latImpls    = flag.String("latency-impls", strings.Join(bench.LatencyImpls, ","), "comma-separated implementations for the latency cells")
+		latCells    = flag.String("latency-cells", "all", "comma-separated latency cells: "+strings.Join(latencyLabels(), ","))
+		latTime     = flag.Duration("latency-time", time.Second, "measured traffic per latency cell (rate × this messages, after a warm-up tenth)")
 		handler     = flag.String("handler", "spin", "W4's 50 µs handler: spin (busy-wait, CPU-bound) or sleep (time.Sleep, I/O-like; a short sleep lasts up to ~1 ms on Linux)")
 	)
 	flag.Parse()
@@ -58,6 +62,16 @@ func main() {
 	workloads, err := pickWorkloads(*workList)
 	if err != nil {
 		fatal(err)
+	}
+	var latencyImpls []bench.Impl
+	var latencyCells []bench.LatencyCell
+	if *latency {
+		if latencyImpls, err = pick("implementation", *latImpls, nil, implNames(), bench.ImplByName); err != nil {
+			fatal(err)
+		}
+		if latencyCells, err = pick("latency cell", *latCells, bench.LatencyCells, latencyLabels(), bench.LatencyCellByLabel); err != nil {
+			fatal(err)
+		}
 	}
 	opts := bench.Options{Timeout: *timeout}
 	progress("%s", bench.Machine())
@@ -95,6 +109,18 @@ func main() {
 	}
 
 	progress("-- table done at %v", time.Since(start).Round(time.Second))
+	t.LatencyTime = *latTime
+	for _, c := range latencyCells {
+		for _, impl := range latencyImpls {
+			runtime.GC()
+			r := bench.RunLatency(impl, c, int(latTime.Seconds()*float64(c.Rate)), *timeout)
+			t.Latency = append(t.Latency, r)
+			progress("%-9s %-10s %s", c.Label(), impl.Name, bench.LatencySummary(r))
+		}
+	}
+	if *latency {
+		progress("-- latency done at %v", time.Since(start).Round(time.Second))
+	}
 	if *queued > 0 {
 		for _, s := range strings.Split(*queuedSizes, ",") {
 			size, err := strconv.Atoi(strings.TrimSpace(s))
@@ -220,6 +246,9 @@ func pickImpls(list string) ([]bench.Impl, error) {
 }
 
 func pickWorkloads(list string) ([]bench.Workload, error) {
+	if list == "none" {
+		return nil, nil
+	}
 	return pick("workload", list, bench.Workloads, workloadNames(), bench.WorkloadByName)
 }
 
@@ -227,8 +256,12 @@ func implNames() []string {
 	return names(bench.AllImpls(), func(i bench.Impl) string { return i.Name })
 }
 
+func latencyLabels() []string {
+	return names(bench.LatencyCells, bench.LatencyCell.Label)
+}
+
 func workloadNames() []string {
-	return names(bench.Workloads, func(w bench.Workload) string { return w.Name })
+	return names(append(bench.Workloads[:len(bench.Workloads):len(bench.Workloads)], bench.Shapes...), func(w bench.Workload) string { return w.Name })
 }
 
 // pick resolves a comma-separated list of names ("all" or "" for the
