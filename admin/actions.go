@@ -48,17 +48,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, a action, api b
 // dead-letter list, which states the result.
 func (h *Handler) formAction(a action) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if err := h.allowed(r, a); err != nil {
-			h.refuse(w, r, a, false, err)
-			return
-		}
-		r.Body = http.MaxBytesReader(w, r.Body, maxActionBody)
-		if err := r.ParseForm(); err != nil {
-			h.fail(w, r, false, http.StatusBadRequest, "bad form: "+err.Error())
-			return
-		}
-		if !h.validToken(r, r.PostForm.Get(csrfField)) {
-			h.refuse(w, r, a, false, errBadToken)
+		if !h.actionForm(w, r, a) {
 			return
 		}
 		ids, err := cleanIDs(r.PostForm["id"])
@@ -210,4 +200,24 @@ var failureText = map[string]string{
 	"closed":        "the broker is closed",
 	"canceled":      "the request ended first",
 	"error":         "the store failed (see the log)",
+}
+
+// actionForm checks that r may run action a and reads its form: the
+// role (Authorize), the body's size, the form and its CSRF token. When it
+// returns false it has answered.
+func (h *Handler) actionForm(w http.ResponseWriter, r *http.Request, a action) bool {
+	if err := h.allowed(r, a); err != nil {
+		h.refuse(w, r, a, false, err)
+		return false
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxActionBody)
+	if err := r.ParseForm(); err != nil {
+		h.fail(w, r, false, http.StatusBadRequest, "bad form: "+err.Error())
+		return false
+	}
+	if !h.validToken(r, r.PostForm.Get(csrfField)) {
+		h.refuse(w, r, a, false, errBadToken)
+		return false
+	}
+	return true
 }

@@ -87,17 +87,7 @@ func (h *Handler) countMatching(r *http.Request, f broker.DeadLetterFilter, limi
 // states the result.
 func (h *Handler) matchingAction(a string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if err := h.allowed(r, action(a)); err != nil {
-			h.refuse(w, r, action(a), false, err)
-			return
-		}
-		r.Body = http.MaxBytesReader(w, r.Body, maxActionBody)
-		if err := r.ParseForm(); err != nil {
-			h.fail(w, r, false, http.StatusBadRequest, "bad form: "+err.Error())
-			return
-		}
-		if !h.validToken(r, r.PostForm.Get(csrfField)) {
-			h.refuse(w, r, action(a), false, errBadToken)
+		if !h.actionForm(w, r, action(a)) {
 			return
 		}
 		count, err := strconv.Atoi(r.PostForm.Get("count"))
