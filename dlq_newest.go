@@ -61,6 +61,7 @@ type DeadLetterLister interface {
 // filter with List (oldest first: the whole match is read, however large)
 // and keeps the newest that match the rest of q.
 func ListNewest(ctx context.Context, s DeadLetterStore, q DeadLetterQuery) ([]DeadLetter, error) {
+	ctx = orBackground(ctx)
 	if err := q.Validate(); err != nil {
 		return nil, err
 	}
@@ -87,6 +88,7 @@ var _ DeadLetterLister = (*MemoryDeadLetterStore)(nil)
 // ListNewest returns the matching dead letters, newest first, scanning
 // from the newest end and stopping at q.Limit.
 func (s *MemoryDeadLetterStore) ListNewest(ctx context.Context, q DeadLetterQuery) ([]DeadLetter, error) {
+	ctx = orBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -52,6 +52,12 @@ func nilContextIsBackground(t *testing.T) {
 	n, err = own.Len(nilCtx)
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
+	newest, err := own.ListNewest(nilCtx, DeadLetterQuery{})
+	require.NoError(t, err)
+	assert.Len(t, newest, 1)
+	newest, err = ListNewest(nilCtx, own, DeadLetterQuery{})
+	require.NoError(t, err)
+	assert.Len(t, newest, 1)
 
 	dedup := NewMemoryIdempotencyStore(0, 0)
 	k := DeliveryKey{Topic: "t", Subscriber: "s", MessageID: "m"}

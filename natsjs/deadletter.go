@@ -377,6 +377,9 @@ const newestSkew = time.Minute
 // more than a minute before q.Since. So the newest page of a large
 // stream costs about what it returns.
 func (s *DeadLetterStore) ListNewest(ctx context.Context, q broker.DeadLetterQuery) ([]broker.DeadLetter, error) {
+	if ctx == nil { // as the broker: nil is Background
+		ctx = context.Background()
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("natsjs: list newest dead letters: %w", err)
 	}

@@ -27,6 +27,9 @@ func TestStoresTreatANilContextAsBackground(t *testing.T) {
 	if list, err := dlq.List(nilCtx, broker.DeadLetterFilter{}); len(list) != 1 || err != nil {
 		t.Fatalf("List = %d, %v", len(list), err)
 	}
+	if list, err := dlq.ListNewest(nilCtx, broker.DeadLetterQuery{}); len(list) != 1 || err != nil {
+		t.Fatalf("ListNewest(nil): %d, %v", len(list), err)
+	}
 	if n, err := dlq.Len(nilCtx); n != 1 || err != nil {
 		t.Fatalf("Len = %d, %v", n, err)
 	}
