@@ -128,7 +128,7 @@
 // Observer, logs — stays this package's, run over each [Delivery] the
 // transport hands it, with the breaker, retry budget and rate limit acting
 // in the process as in memory (LaneSize and WhenLaneFull are refused: the
-// stream is the buffer) ([Broker.Transport] returns it; a [BatchTransport]
-// takes a PublishBatch in one call). Package [github.com/inproc/broker/brokertest] has the
+// stream is the buffer). [Broker.Transport] returns the transport; a
+// [BatchTransport] takes a PublishBatch in one call. Package [github.com/inproc/broker/brokertest] has the
 // conformance suites a transport or a store runs.
 package broker

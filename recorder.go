@@ -171,7 +171,7 @@ func (r *recorder) deduplicatedIn(h *hand, msg *Message) bool {
 			window = slog.Duration("dedup_window", r.limits.window)
 		}
 		r.logAttrs(slog.LevelInfo, "broker: duplicate message ID skipped: this subscriber already handled a message with this ID within the dedup window; "+
-			"an ID must name one message, not an entity (order-1001 published as paid, then as shipped, is skipped the second time)",
+			"an ID must name one message, not an entity (for example, one order ID used for both its paid and its shipped events: the second is skipped)",
 			msg, fault{}, OutcomeDeduplicated, window)
 	} else if r.log.Enabled(context.Background(), slog.LevelDebug) {
 		r.logAttrs(slog.LevelDebug, "broker: duplicate skipped", msg, fault{}, OutcomeDeduplicated)

@@ -35,9 +35,9 @@ const (
 )
 
 // Defaults of the retry policy: 5 retries waiting 200 ms, 400 ms, 800 ms,
-// 1.6 s and 3.2 s (each drawn from [d/2, d] by the jitter), so a message
-// is dead-lettered 3.1 to 6.2 s after its first failure at the soonest: a
-// dependency that is down for a few seconds costs retries, not dead
+// 1.6 s and 3.2 s (each drawn from [d/2, d] by the jitter), 3.1–6.2 s of
+// backoff in all (plus the attempts' own time) before a failing message is
+// dead-lettered: a dependency that is down for a few seconds costs retries, not dead
 // letters.
 const (
 	DefaultMaxRetries  = 5                      // retries after the first attempt
@@ -101,7 +101,8 @@ func exponential(base, max time.Duration, retry int) time.Duration {
 // RetryPolicy{Backoff: ConstantBackoff(10 * time.Millisecond)} changes only
 // the backoff. Never retrying is said with NoRetries.
 //
-// Given to WithSubscriberRetryPolicy, a policy refines the broker's: its
+// Given to Retries (or its old name WithSubscriberRetryPolicy), a policy
+// refines the broker's: its
 // zero fields take the broker's policy's values, and its ByCode rules are
 // laid over the broker's, code by code. A policy is copied when given to
 // the broker.
