@@ -143,10 +143,20 @@ func (w *worker) run() {
 					if !w.h.leave() {
 						return // abandoned meanwhile: the stop took the batch
 					}
-					s.end(&w.buf[w.i], s.pipe.goexited(s.ctx, &w.buf[w.i], &w.h), probe)
+					// Its dead letter's Put and events are plugged-in code
+					// too: a stop may abandon the worker inside them, and
+					// then did the bookkeeping (as in the loop below).
+					r := s.pipe.goexited(s.ctx, &w.buf[w.i], &w.h)
+					if !r.ended && !w.h.end() || w.h.abandoned() {
+						return
+					}
+					s.end(&w.buf[w.i], r, probe)
 				} else {
 					rest = append([]laneItem{w.buf[w.i]}, rest...)
 				}
+			}
+			if w.h.abandoned() {
+				return // the stop took the batch
 			}
 			s.startWorker(w, rest)
 		}
