@@ -25,6 +25,10 @@ type recorder struct {
 	onDeadLetter      func(reason string, lost bool) // lost: the store refused it for good
 	stop              <-chan struct{}                // closed when the subscription must stop at once: a failing Put is given up
 	storeCtx          context.Context                // the stores' ctx: ends storeGrace after stop (see storeContext)
+	// keep says a dead letter the store failed until the stop stays with
+	// the transport (a transport's pipeline, see pipeline.deadLetter): it
+	// is then not counted, announced or logged as a dead letter.
+	keep bool
 }
 
 // storeGrace is how long after a stop's ctx ends the stores' calls get: the
@@ -64,7 +68,7 @@ const (
 // runs, and then put returns errAbandoned at once.
 func (r *recorder) put(dl *DeadLetter, h *hand) error {
 	err := r.putIn(h, dl)
-	for retry := 1; err != nil && !errors.Is(err, ErrDeadLetterRefused); retry++ {
+	for retry := 1; err != nil && !errors.Is(err, ErrDeadLetterRefused) && !errors.Is(err, errAbandoned); retry++ {
 		delay := exponential(putRetryBase, putRetryMax, retry)
 		if r.log.Enabled(context.Background(), slog.LevelWarn) {
 			r.log.LogAttrs(context.Background(), slog.LevelWarn, "broker: dead-letter store refused a dead letter; retrying",
@@ -218,6 +222,14 @@ func (r *recorder) deadLetterThen(msg *Message, t timing, reason string, f fault
 		FailedAt:   time.Now(),
 	}
 	storeErr := r.put(&dl, h)
+	if storeErr != nil && r.keep && !errors.Is(storeErr, ErrDeadLetterRefused) {
+		if r.log.Enabled(context.Background(), slog.LevelWarn) {
+			r.log.LogAttrs(context.Background(), slog.LevelWarn, "broker: dead-letter store failed until the stop; the message stays with the transport",
+				slog.String("topic", r.topic), slog.String("message_id", msg.ID), slog.String("subscriber", r.subscriber),
+				slog.String("reason", reason), slog.String("store_error", storeErr.Error()))
+		}
+		return storeErr
+	}
 	if !h.end() {
 		return storeErr
 	}

@@ -278,6 +278,7 @@ func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy Re
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
 	s.pipe = b.newPipeline(topicName, name, c, h, obs, policy, sc, func(string, bool) {}, s.ctx)
 	s.pipe.held, s.pipe.maxAttempts = true, policy.maxAttempts()
+	s.pipe.rec.keep = true
 	var ts TransportSubscription
 	err := b.guard.call("Transport", "Subscribe", func() (err error) {
 		ts, err = r.t.Subscribe(TransportSubscriber{
