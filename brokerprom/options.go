@@ -136,8 +136,8 @@ func WithEndToEndBuckets(bounds []float64) Option {
 
 // WithPublishDuration fills publish_duration_seconds: how long each
 // Publish took, the wait for room in a full queue included. It costs a
-// clock read and a histogram observation per publish (W1, a no-op
-// subscriber: about a quarter more per message with the collector), so it
+// clock read and a histogram observation per publish (with one no-op
+// subscriber, about a quarter more per message with the collector), so it
 // is off by default; rejected_by_reason_total counts refusals either way.
 func WithPublishDuration() Option {
 	return func(c *config) error {
