@@ -254,7 +254,7 @@ func TestLaneStartPushWaitRace(t *testing.T) {
 		go func() {
 			for !go1.Load() {
 			}
-			err := l.pushWait(laneItem{env: envelope{msg: Message{ID: "b"}}}, false, stop, nil, nil, nil, func(time.Duration) {})
+			err := l.pushWait(laneItem{env: envelope{msg: Message{ID: "b"}}}, false, stop, nil, nil, nil, nil, func(time.Duration) {})
 			done <- err
 		}()
 		go1.Store(true)
