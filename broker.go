@@ -155,11 +155,12 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 		env.idh = b.mem.hashID(msg.ID) // once here rather than once per subscriber
 	}
 	var t *topic
+	var idle bool
 	for {
 		if t, err = b.topic(msg.Topic); err != nil {
 			return err
 		}
-		err = t.q.TryPush(env)
+		idle, err = t.q.TryPush(env)
 		if err == queue.ErrFull && b.cfg.publishTimeout > 0 {
 			err = pushWait(t.q, env, ctx, b.cfg.publishTimeout)
 		}
@@ -170,6 +171,9 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 	}
 	switch err {
 	case nil:
+		if idle {
+			t.routeIdle()
+		}
 		if b.obs != nil {
 			b.obs.Published(PublishEvent{Topic: msg.Topic, MessageID: msg.ID, PublishedAt: msg.PublishedAt, Duration: b.publishTime(&msg)})
 		}

@@ -12,19 +12,27 @@ import (
 )
 
 // topic is one topic's queue, its dispatcher and its subscribers.
+//
+// Routing (taking messages out of the queue, in order, and handing each
+// to every subscriber) is done by whoever holds the topic's role: its
+// dispatcher goroutine, one batch per hold; a publisher whose message
+// landed in the empty queue of a sleeping dispatcher (stepping in, see
+// routeIdle); or an Unsubscribe claiming what it is owed (claimOwed). The
+// holder owns route. The dispatcher keeps the role while it waits for room
+// in a lane (backpressure) and serves, in that wait, the requests sent on
+// serve, so that no one else needs the role then.
 type topic struct {
 	b    *Broker
 	name string
 	q    *queue.Queue[envelope]
 	subs atomic.Pointer[[]*Subscription] // routing snapshot, copy on write under mu
 
-	dispatched atomic.Uint64 // messages the dispatcher took out of the queue (routed), ever
-	// routeMu is held by the dispatcher while it routes, except while it
-	// waits for room in a lane (and for messages): an Unsubscribe at its
-	// deadline takes it to claim what its subscriber is still owed (see
-	// claimOwed). It guards route.
-	routeMu sync.Mutex
-	route   batchRoute
+	dispatched atomic.Uint64 // messages taken out of the queue (routed), ever
+
+	role  chan struct{} // capacity 1: a send takes the role, a receive gives it back
+	serve chan func()   // requests the dispatcher runs while it waits for room, holding the role
+	route batchRoute    // owned by the role's holder
+
 	leaving []*Subscription // unsubscribing, still owed messages (guarded by mu)
 
 	blockMu sync.Mutex // guards blocked, and the move of a wait into its subscriber's total
@@ -80,6 +88,8 @@ func newTopic(b *Broker, name string, tl *tally) *topic {
 		active: make(map[string]*Subscription),
 		tally:  tl,
 		kick:   make(chan struct{}, 1),
+		role:   make(chan struct{}, 1),
+		serve:  make(chan func()),
 	}
 	t.subs.Store(new([]*Subscription))
 	return t
@@ -90,35 +100,59 @@ func newTopic(b *Broker, name string, tl *tally) *topic {
 const dispatchBatch = 64
 
 // dispatch is the topic's goroutine: it takes messages in FIFO order and
-// routes each to every subscriber, until the queue is closed and drained;
-// then it closes the subscribers' lanes so their workers can finish.
+// routes each to every subscriber, a batch per hold of the role, until the
+// queue is closed and drained; then it closes the subscribers' lanes so
+// their workers can finish.
 func (t *topic) dispatch() {
 	defer t.b.wg.Done()
-	var buf [dispatchBatch]envelope
 	for {
-		envs, ok := t.q.TakeWait(t.kick, buf[:])
-		if !ok {
-			if t.q.Closed() {
-				break // closed by Close (or retired): drained
+		queued := t.q.Wait(t.kick) // false: kicked (the last subscriber left), or closed and drained
+		t.role <- struct{}{}
+		routed := t.routeNext(true)
+		end := t.q.Closed() && t.q.Snapshot().Len == 0
+		if end {
+			t.finishLeaving(true)
+			for _, s := range *t.subs.Load() {
+				s.closeLanes()
 			}
-			t.tryRetire() // kicked: the last subscriber left
-			continue
 		}
-		t.routeMu.Lock()
-		t.routeBatch(envs, &t.route)
-		t.routeMu.Unlock()
-		if len(*t.subs.Load()) == 0 {
-			t.tryRetire() // routed to nobody: retire if nothing else came
+		<-t.role
+		if end {
+			return
 		}
-	}
-	t.finishLeaving(true)
-	for _, s := range *t.subs.Load() {
-		s.closeLanes()
+		if !queued || routed && len(*t.subs.Load()) == 0 {
+			t.tryRetire() // the last subscriber left, or routed to nobody: retire if nothing else came
+		}
 	}
 }
 
-// batchRoute is the dispatcher's view of the subscribers while it routes a
-// batch; its slices are reused from batch to batch.
+// routeIdle is a publisher stepping in for the sleeping dispatcher, its
+// message alone in the queue (TryPush's idle): if the role is free, it
+// routes the message itself, as far as it goes without waiting, so that
+// the message reaches its subscribers' workers in one goroutine hand-off
+// instead of two; the dispatcher routes what is left, if anything.
+func (t *topic) routeIdle() {
+	select {
+	case t.role <- struct{}{}:
+	default:
+		t.q.Wake() // someone routes (or claims): the dispatcher takes it after them
+		return
+	}
+	t.routeNext(false)
+	left := len(t.route.envs) > 0
+	<-t.role
+	switch {
+	case left:
+		t.q.Wake()
+	case len(*t.subs.Load()) == 0:
+		t.kickDispatcher() // routed to nobody: the dispatcher sees whether the topic retires
+	}
+}
+
+// batchRoute is the role holder's view of the subscribers while it routes
+// a batch; its slices are reused from batch to batch. A batch a publisher
+// stepping in could not finish without waiting stays in progress (envs not
+// empty) for the dispatcher to finish.
 type batchRoute struct {
 	base   uint64           // the batch's first message, counted in push order
 	snap   *[]*Subscription // the routing snapshot subs follows
@@ -126,8 +160,11 @@ type batchRoute struct {
 	got    []int // per subscriber: how many of the batch it has (or skips)
 	lo, hi []int // per subscriber: the part of the batch it is owed, [lo, hi)
 
-	envs []envelope // the batch being routed; nil between batches
-	pos  int        // the message of envs being routed
+	buf      [dispatchBatch]envelope
+	envs     []envelope // the batch being routed (in buf); empty between batches
+	pos      int        // the message of envs being routed
+	accepted [dispatchBatch]bool
+	done     int // messages of the batch taken out of the topic queue
 }
 
 // span returns the part [lo, hi) of a batch of n that s is owed: from the
@@ -191,48 +228,37 @@ func (r *batchRoute) reset(snap *[]*Subscription, base uint64, n int) {
 	}
 }
 
-// routeBatch hands a batch of messages, in order, to every current
-// subscriber, then takes them from the topic queue (envs is the
-// dispatcher's copy of them). Each subscriber first
-// takes what fits in its lane under one lock; where a lane is full (or
-// closed) the batch goes on message by message, waiting for room
-// (backpressure), and following subscribers who join or leave meanwhile. A
+// routeNext routes a batch: the one in progress, else the next one
+// queued, and reports whether there was one. With wait, it hands the batch,
+// in order, to every current subscriber, waiting for room (backpressure)
+// where a lane is full. Without (a publisher stepping in), it routes what
+// fits and leaves the rest in progress.
+//
+// Each subscriber first takes what fits in its lane under one lock; where
+// a lane is full (or closed) the batch goes on message by message, waiting
+// for room, and following subscribers who join or leave meanwhile. A
 // message counts as queued in the topic until every subscriber has it:
-// before each wait the fully routed prefix is removed. A subscriber
-// stopping at once gets its messages as dead letters. A leaving subscriber
-// gets every message accepted before its Unsubscribe, and no later one.
-func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
-	n := len(envs)
-	r.reset(t.subs.Load(), t.dispatched.Load(), n)
-	r.envs, r.pos = envs, 0
-	defer func() { r.envs = nil }()
-	var accepted [dispatchBatch]bool
-	for si, s := range r.subs {
-		lo, hi := r.lo[si], r.hi[si]
-		k := s.tryRouteN(envs[lo:hi])
-		markAccepted(accepted[:], lo, lo+k)
-		if r.got[si] = lo + k; r.got[si] >= hi {
-			r.got[si] = n
+// before each wait the fully routed prefix is taken out of the queue. A
+// subscriber stopping at once gets its messages as dead letters. A leaving
+// subscriber gets every message accepted before its Unsubscribe, and no
+// later one.
+func (t *topic) routeNext(wait bool) bool {
+	r := &t.route
+	if len(r.envs) == 0 {
+		envs := t.q.Peek(r.buf[:])
+		if len(envs) == 0 {
+			return false
 		}
+		t.startBatch(envs)
 	}
-	done := 0                // taken from the topic queue
-	release := func(p int) { // messages before p are routed: out of the queue
-		for i := done; i < p; i++ {
-			if !accepted[i] {
-				t.unrouted(&envs[i].msg)
-			}
+	n := len(r.envs)
+	if !wait {
+		if r.pos = minOf(r.got, n); r.pos == n {
+			t.endBatch()
 		}
-		t.q.TakenN(p - done)
-		t.dispatched.Add(uint64(p - done))
-		done = p
-		t.finishLeaving(false)
+		return true
 	}
-	freePrefix := func() {
-		if p := minOf(r.got, n); p > done {
-			release(p)
-		}
-	}
-	for i := range n {
+	for i := minOf(r.got, n); i < n; i++ {
 		r.pos = i
 		for more := true; more; {
 			// Until no subscriber is owed message i: one that joins while
@@ -244,19 +270,71 @@ func (t *topic) routeBatch(envs []envelope, r *batchRoute) {
 					continue
 				}
 				more = true
-				if s.routeDispatched(&envs[i], freePrefix) == nil {
-					accepted[i] = true
+				if s.routeDispatched(&r.envs[i]) == nil {
+					r.accepted[i] = true
 				}
-				hi := r.hi[si]
-				k := s.tryRouteN(envs[i+1 : hi])
-				markAccepted(accepted[:], i+1, i+1+k)
-				if r.got[si] = i + 1 + k; r.got[si] >= hi {
-					r.got[si] = n
-				}
+				t.tryRoute(si, i+1)
 			}
 		}
 	}
-	release(n)
+	t.endBatch()
+	return true
+}
+
+// startBatch starts routing envs with the current snapshot: each
+// subscriber takes, from the start of its part, what fits.
+func (t *topic) startBatch(envs []envelope) {
+	r := &t.route
+	r.reset(t.subs.Load(), t.dispatched.Load(), len(envs))
+	r.envs, r.pos, r.done = envs, 0, 0
+	clear(r.accepted[:])
+	for si := range r.subs {
+		t.tryRoute(si, r.lo[si])
+	}
+}
+
+// tryRoute hands subscriber si of the batch, from message from on, what
+// fits in its lane without waiting.
+func (t *topic) tryRoute(si, from int) {
+	r := &t.route
+	hi := r.hi[si]
+	k := r.subs[si].tryRouteN(r.envs[from:hi])
+	markAccepted(r.accepted[:], from, from+k)
+	if r.got[si] = from + k; r.got[si] >= hi {
+		r.got[si] = len(r.envs)
+	}
+}
+
+// release takes the batch's messages before p out of the topic queue:
+// every subscriber has them (or skips them).
+func (t *topic) release(p int) {
+	r := &t.route
+	for i := r.done; i < p; i++ {
+		if !r.accepted[i] {
+			t.unrouted(&r.envs[i].msg)
+		}
+	}
+	t.q.TakenN(p - r.done)
+	t.dispatched.Add(uint64(p - r.done))
+	r.done = p
+	t.finishLeaving(false)
+}
+
+// freePrefix releases the fully routed prefix of the batch, before the
+// dispatcher waits.
+func (t *topic) freePrefix() {
+	r := &t.route
+	if p := minOf(r.got, len(r.envs)); p > r.done {
+		t.release(p)
+	}
+}
+
+// endBatch releases the whole batch, routed.
+func (t *topic) endBatch() {
+	r := &t.route
+	t.release(len(r.envs))
+	clear(r.envs) // drop references for the garbage collector
+	r.envs = nil
 }
 
 // leave starts s's leaving: it is owed every message accepted so far, and
@@ -307,44 +385,35 @@ func (t *topic) finishLeaving(all bool) {
 }
 
 // claimOwed is s's Unsubscribe at its deadline (s stopped at once) taking
-// the messages s is owed that the dispatcher has not routed to it yet —
-// those of the batch being routed from s's place on, and those still in
-// the queue accepted before the Unsubscribe — for the caller to
-// dead-letter, so that its DrainError counts them. From then on the
-// dispatcher routes s nothing (its lane is claimed). The dispatcher holds
-// routeMu except while it waits for room in a lane or for messages, so
-// claimOwed waits for such a moment, polling, and gives up (false) when
-// stop fires first; nothing is owed (true) once left is closed.
+// the messages s is owed that have not been routed to it yet — those of
+// the batch in progress from s's place on, and those still in the queue
+// accepted before the Unsubscribe — for the caller to dead-letter, so that
+// its DrainError counts them. From then on routing hands s nothing (its
+// lane is claimed). It takes the role when it is free, or has the
+// dispatcher serve it while it waits for room holding the role; it gives
+// up (false) when stop fires first (the holder is inside plugged-in code);
+// nothing is owed (true) once left is closed.
 func (t *topic) claimOwed(s *Subscription, stop <-chan time.Time) (owed []envelope, ok bool) {
-	var tick *time.Ticker
-	for {
-		if t.routeMu.TryLock() {
-			t.blockMu.Lock()
-			own := t.blocked.s == s
-			t.blockMu.Unlock()
-			if !own {
-				break
-			}
-			// The dispatcher waits for room in s's own (stopped) lane: it may
-			// have pushed the message already; it ends it itself at once.
-			t.routeMu.Unlock()
-		}
-		if tick == nil {
-			tick = time.NewTicker(time.Millisecond)
-			defer tick.Stop()
-		}
-		select {
-		case <-s.left:
-			return nil, true
-		case <-stop:
-			return nil, false
-		case <-tick.C:
-		}
-	}
-	defer t.routeMu.Unlock()
+	served := make(chan []envelope, 1)
 	select {
+	case t.role <- struct{}{}:
+		owed = t.owedTo(s)
+		<-t.role
+		return owed, true
+	case t.serve <- func() { served <- t.owedTo(s) }:
+		return <-served, true
 	case <-s.left:
 		return nil, true
+	case <-stop:
+		return nil, false
+	}
+}
+
+// owedTo is claimOwed's work, by the role's holder.
+func (t *topic) owedTo(s *Subscription) (owed []envelope) {
+	select {
+	case <-s.left:
+		return nil
 	default:
 	}
 	r := &t.route
@@ -357,7 +426,7 @@ func (t *topic) claimOwed(s *Subscription, stop <-chan time.Time) (owed []envelo
 		from = max(r.base+uint64(n), s.startAt)
 	}
 	s.lane.claim()
-	return t.q.Range(from, s.leaveAt.Load(), owed), true
+	return t.q.Range(from, s.leaveAt.Load(), owed)
 }
 
 // unrouted counts a message that no subscriber got.

@@ -25,10 +25,13 @@
 //
 // # Pipeline
 //
-// Publish validates the message and puts it into its topic's bounded queue;
-// nothing else ("published" means "queued", never "handled"). One
-// dispatcher goroutine per topic takes messages in FIFO order and copies
-// each into the lane of every subscriber. Each subscriber's workers take
+// Publish validates the message and puts it into its topic's bounded queue
+// ("published" means "queued", never "handled"). One dispatcher goroutine
+// per topic takes messages in FIFO order and copies each into the lane of
+// every subscriber; when the topic is idle (its queue empty, its
+// dispatcher asleep), Publish does that itself for its message, as far as
+// it goes without waiting, which saves the delivery a goroutine hand-off.
+// Publish never runs a handler. Each subscriber's workers take
 // messages from its lane and run the delivery pipeline: dedup check,
 // attempt (handler with deadline and panic recovery), classify the error,
 // park for a retry or dead-letter, record stats, logs and observer events.

@@ -500,10 +500,11 @@ func (l *lane) evictOldestLocked() (_ laneItem, owner, ok bool) {
 
 // pushWait pushes it, waiting for room (under Block, or with noShed) until
 // stop1 or stop2 is closed (queue.ErrStopped) or deadline fires
-// (queue.ErrTimeout); any may be nil. beforeWait, if not nil, runs once before the first wait, and
-// blocked receives the time spent waiting.
+// (queue.ErrTimeout); any may be nil. While it waits it runs the requests
+// that arrive on serve (nil: none). beforeWait, if not nil, runs once
+// before the first wait, and blocked receives the time spent waiting.
 func (l *lane) pushWait(it laneItem, noShed bool, stop1, stop2 <-chan struct{}, deadline <-chan time.Time,
-	beforeWait func(start time.Time), blocked func(time.Duration)) (err error) {
+	serve <-chan func(), beforeWait func(start time.Time), blocked func(time.Duration)) (err error) {
 	var start time.Time
 	for {
 		l.mu.Lock()
@@ -534,6 +535,9 @@ func (l *lane) pushWait(it laneItem, noShed bool, stop1, stop2 <-chan struct{}, 
 		}
 		select {
 		case <-room:
+			continue
+		case f := <-serve:
+			f()
 			continue
 		case <-stop1:
 			err = queue.ErrStopped

@@ -166,27 +166,27 @@ func (s *Subscription) breakerChanged(from, to BreakerState) {
 }
 
 // routeDispatched is the dispatcher's route: under Block it waits for room
-// as long as it takes (backpressure); before runs before it waits, and its
-// waits are the subscriber's BlockedFor. The dispatcher lets go of the
-// topic's routeMu while it waits.
-func (s *Subscription) routeDispatched(env *envelope, before func()) error {
-	return s.route(laneItem{env: *env}, false, nil, nil,
+// as long as it takes (backpressure), holding the topic's role and
+// serving the requests sent to it meanwhile (claimOwed); before it waits
+// it releases the batch's routed prefix, and its waits are the
+// subscriber's BlockedFor.
+func (s *Subscription) routeDispatched(env *envelope) error {
+	t := s.t
+	return s.route(laneItem{env: *env}, false, nil, nil, t.serve,
 		func(start time.Time) {
-			before()
-			s.t.blockStart(s, start)
-			s.t.routeMu.Unlock()
+			t.freePrefix()
+			t.blockStart(s, start)
 		},
 		func(d time.Duration) {
 			if testHookWaited != nil {
 				testHookWaited()
 			}
-			s.t.routeMu.Lock()
-			s.t.blockEnd(s, d)
+			t.blockEnd(s, d)
 		})
 }
 
 // testHookWaited, when a test sets it, runs when the dispatcher's wait for
-// room ended, before it takes routeMu again (where it could be preempted).
+// room ended (where it could be preempted).
 var testHookWaited func()
 
 // routeRedriven is Redrive's route: it never sheds, whatever the policy; a
@@ -194,23 +194,24 @@ var testHookWaited func()
 // message skips the dedup check and is attempted from 1 again.
 func (s *Subscription) routeRedriven(msg Message, cancel <-chan struct{}, deadline <-chan time.Time) error {
 	msg.Attempt = 0
-	return s.route(laneItem{env: envelope{msg: msg}, redriven: true}, true, cancel, deadline, nil, func(time.Duration) {})
+	return s.route(laneItem{env: envelope{msg: msg}, redriven: true}, true, cancel, deadline, nil, nil, func(time.Duration) {})
 }
 
 // route hands it to the subscriber, waiting for room in its lane when it
 // is full and the policy blocks (or noShed, or the shedder has capacity
 // shed messages to dead-letter already) until cancel is closed or deadline
-// fires (either may be nil); before and after bracket that wait. It
+// fires (either may be nil), running what arrives on serve (nil: nothing)
+// meanwhile; before and after bracket that wait. It
 // returns nil once the message is the subscriber's responsibility: in its
 // lane, shed for the shedder to dead-letter because it (or, under
 // DeadLetterOldest, an older one) did not fit, or dead-lettered because
 // the subscription is stopping at once. A queue error means it was not
 // routed.
 func (s *Subscription) route(it laneItem, noShed bool, cancel <-chan struct{}, deadline <-chan time.Time,
-	before func(time.Time), after func(time.Duration)) error {
+	serve <-chan func(), before func(time.Time), after func(time.Duration)) error {
 	err := s.lane.push(it, noShed)
 	if err == queue.ErrFull {
-		err = s.lane.pushWait(it, noShed, s.ctx.Done(), cancel, deadline, before, after)
+		err = s.lane.pushWait(it, noShed, s.ctx.Done(), cancel, deadline, serve, before, after)
 	}
 	if err != nil && err != queue.ErrTimeout && !it.redriven && stoppedAtOnce(s.ctx) && slices.Contains(*s.t.subs.Load(), s) {
 		// Stopped at once while this message was on its way: it is this

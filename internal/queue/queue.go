@@ -1,6 +1,13 @@
-// Package queue provides the bounded FIFO used for topic queues and
-// subscriber lanes: many producers, one consumer, a bounded wait for room,
-// and a close that refuses new items while the consumer drains the rest.
+// Package queue provides the bounded FIFO used for topic queues (many
+// producers, one consumer at a time, a bounded wait for room, and a close
+// that refuses new items while the consumer drains the rest) and Room, the
+// wait for room that subscriber lanes use too.
+//
+// Stepping in: a producer whose item lands in an otherwise empty queue
+// while the consumer sleeps is told so (TryPush's idle) and may consume it
+// itself, if the caller's serialisation of consumers lets it, instead of
+// waking the consumer goroutine: one goroutine hand-off fewer on an idle
+// queue.
 //
 // It is a ring buffer under a mutex rather than a channel because the broker
 // needs what a channel cannot give: the oldest waiting item (for its age in
@@ -34,12 +41,13 @@ var (
 // reallocate on every cycle (twice the time per message).
 const minAlloc = 16
 
-// Queue is a bounded FIFO. Any number of goroutines may push; exactly one
-// goroutine (the consumer) may use TakeWait and TakenN.
+// Queue is a bounded FIFO. Any number of goroutines may push; one
+// consumer at a time may use Peek and TakenN (the caller serialises
+// consumers; one of them sleeps in Wait).
 // Cap, Snapshot and Close are safe from any goroutine.
 //
 // The consumer copies a batch of the oldest items out under one lock
-// (TakeWait); they stay in the ring, and count as queued, until it marks
+// (Peek); they stay in the ring, and count as queued, until it marks
 // them taken. (It once read them in place, without the copy: in
 // alternating runs the copy cost nothing measurable, W1–W3 -0.6% geomean,
 // so the plain version it is.)
@@ -117,13 +125,26 @@ func New[T any](capacity int) *Queue[T] {
 	}
 }
 
-// TryPush appends v if there is room, without waiting.
-// It returns ErrFull or ErrClosed otherwise.
-func (q *Queue[T]) TryPush(v T) error {
+// TryPush appends v if there is room, without waiting; it returns ErrFull
+// or ErrClosed otherwise. idle reports that v is the only item not taken
+// and the consumer sleeps (in Wait): TryPush did not wake it, and the
+// caller either handles v as the consumer would (see the package doc's
+// note on stepping in) or calls Wake.
+func (q *Queue[T]) TryPush(v T) (idle bool, err error) {
 	q.mu.Lock()
-	err := q.pushLocked(v)
+	err = q.pushLocked(v)
+	if idle = err == nil && q.sleeping && q.n-int(q.taken.Load()) == 1; idle {
+		q.mu.Unlock()
+		return true, nil
+	}
 	q.unlockAfterPush(err == nil)
-	return err
+	return false, err
+}
+
+// Wake wakes the consumer if it sleeps in Wait.
+func (q *Queue[T]) Wake() {
+	q.mu.Lock()
+	q.unlockAfterPush(true)
 }
 
 // PushWait appends v, waiting for room until stop1 or stop2 is closed
@@ -225,14 +246,14 @@ func (q *Queue[T]) wake() {
 	}
 }
 
-// awaitLocked waits until the queue holds an item and returns true with
-// q.mu held, or returns false (lock released) when the queue is closed and
-// empty or stop is closed.
-func (q *Queue[T]) awaitLocked(stop <-chan struct{}) bool {
+// Wait waits until the queue holds an item not taken and reports true, or
+// reports false when the queue is closed and empty or stop is closed.
+func (q *Queue[T]) Wait(stop <-chan struct{}) bool {
 	for {
 		q.mu.Lock()
 		q.settleLocked()
 		if q.n > 0 {
+			q.mu.Unlock()
 			return true
 		}
 		if q.closed {
@@ -252,25 +273,20 @@ func (q *Queue[T]) awaitLocked(stop <-chan struct{}) bool {
 	}
 }
 
-// TakeWait waits for an item, then copies up to len(buf) (at least 1) of
-// the oldest items not yet taken into buf, in order, and returns them,
-// without removing them from the queue. The consumer handles them and then
-// calls TakenN, in order: from then on a Snapshot no longer counts it, and
-// it leaves the ring at the next lock (the consumer's next call, or a
-// producer's that finds the ring full). ok is false when the queue is
-// closed and empty or stop is closed.
-func (q *Queue[T]) TakeWait(stop <-chan struct{}, buf []T) (batch []T, ok bool) {
-	if !q.awaitLocked(stop) {
-		return nil, false
-	}
-	if len(buf) == 0 {
-		buf = make([]T, 1)
-	}
+// Peek copies up to len(buf) of the oldest items not yet taken into buf,
+// in order, and returns them, without removing them from the queue; it
+// does not wait. The consumer handles them and then calls TakenN, in
+// order: from then on a Snapshot no longer counts it, and it leaves the
+// ring at the next lock (the consumer's next call, or a producer's that
+// finds the ring full).
+func (q *Queue[T]) Peek(buf []T) []T {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.settleLocked()
 	k := min(q.n, len(buf))
 	first := copy(buf[:k], q.buf[q.head:min(q.head+k, len(q.buf))])
 	copy(buf[first:k], q.buf) // the rest, past the ring's end
-	q.mu.Unlock()
-	return buf[:k], true
+	return buf[:k]
 }
 
 // Range appends to buf, in order, the items still in the queue (taken or
@@ -286,7 +302,7 @@ func (q *Queue[T]) Range(from, to uint64, buf []T) []T {
 	return buf
 }
 
-// TakenN marks the k oldest items not yet taken as taken (see TakeWait),
+// TakenN marks the k oldest items not yet taken as taken (see Peek),
 // once the consumer has read them: it must not read them again. Only the
 // consumer may call it, for items of its view. It takes no lock unless a
 // producer waits for room.

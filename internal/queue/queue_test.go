@@ -22,7 +22,7 @@ func TestFIFOAcrossGrowthAndWrap(t *testing.T) {
 	// Interleave pushes and pops so the ring wraps while it grows.
 	for round := range 50 {
 		for range round%7 + 1 {
-			if q.TryPush(next) == nil {
+			if push(q, next) == nil {
 				next++
 			}
 		}
@@ -50,9 +50,9 @@ func TestFIFOAcrossGrowthAndWrap(t *testing.T) {
 func TestBounds(t *testing.T) {
 	q := New[int](3)
 	for i := range 3 {
-		require.NoError(t, q.TryPush(i))
+		require.NoError(t, push(q, i))
 	}
-	assert.ErrorIs(t, q.TryPush(9), ErrFull)
+	assert.ErrorIs(t, push(q, 9), ErrFull)
 	assert.Equal(t, 3, q.Snapshot().Len)
 	assert.Equal(t, 3, q.Cap())
 	st := q.Snapshot()
@@ -63,8 +63,8 @@ func TestBounds(t *testing.T) {
 
 func TestViewKeepsItemsQueuedUntilTaken(t *testing.T) {
 	q := New[string](2)
-	require.NoError(t, q.TryPush("a"))
-	require.NoError(t, q.TryPush("b"))
+	require.NoError(t, push(q, "a"))
+	require.NoError(t, push(q, "b"))
 	view, ok := take(q, nil, 1)
 	require.True(t, ok)
 	assert.Equal(t, []string{"a"}, view, "at most max")
@@ -81,10 +81,10 @@ func TestViewKeepsItemsQueuedUntilTaken(t *testing.T) {
 
 func TestCloseDrains(t *testing.T) {
 	q := New[int](4)
-	require.NoError(t, q.TryPush(1))
+	require.NoError(t, push(q, 1))
 	q.Close()
 	q.Close() // idempotent
-	assert.ErrorIs(t, q.TryPush(2), ErrClosed)
+	assert.ErrorIs(t, push(q, 2), ErrClosed)
 	assert.ErrorIs(t, q.PushWait(2, nil, nil, nil), ErrClosed)
 	view, ok := take(q, nil, 4)
 	require.True(t, ok, "queued items outlive Close")
@@ -120,7 +120,7 @@ func TestPushWait(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				q := New[int](1)
-				require.NoError(t, q.TryPush(0))
+				require.NoError(t, push(q, 0))
 				stop := make(chan struct{})
 				go tt.act(q, stop)
 				timer := time.NewTimer(tt.timeout)
@@ -176,7 +176,7 @@ func TestTakeWaitStops(t *testing.T) {
 		}()
 		_, ok := take(q, stop, 1)
 		assert.False(t, ok)
-		require.NoError(t, q.TryPush(1))
+		require.NoError(t, push(q, 1))
 		view, ok := take(q, stop, 1)
 		assert.True(t, ok, "an item is reported even when stopped")
 		assert.Equal(t, []int{1}, view)
@@ -186,13 +186,13 @@ func TestTakeWaitStops(t *testing.T) {
 func TestViewAcrossWrap(t *testing.T) {
 	q := New[int](8)
 	for i := range 8 {
-		require.NoError(t, q.TryPush(i))
+		require.NoError(t, push(q, i))
 	}
 	for range 5 {
 		pop(q)
 	}
 	for i := 8; i < 13; i++ { // wraps around the ring's end
-		require.NoError(t, q.TryPush(i))
+		require.NoError(t, push(q, i))
 	}
 	view := takeView(t, q, 6)
 	assert.Equal(t, []int{5, 6, 7, 8, 9, 10}, view, "a batch goes on past the ring's end")
@@ -222,7 +222,7 @@ func pop[T any](q *Queue[T]) (v T, ok bool) {
 	if q.Snapshot().Len == 0 {
 		return v, false
 	}
-	view, _ := q.TakeWait(nil, make([]T, 1))
+	view := q.Peek(make([]T, 1))
 	q.TakenN(1)
 	q.mu.Lock()
 	q.settleLocked()
@@ -233,7 +233,7 @@ func pop[T any](q *Queue[T]) (v T, ok bool) {
 // tryPushN pushes vs in order while they fit, and returns how many did.
 func tryPushN[T any](q *Queue[T], vs []T) (int, error) {
 	for k, v := range vs {
-		if err := q.TryPush(v); err != nil {
+		if err := push(q, v); err != nil {
 			if err == ErrFull {
 				err = nil
 			}
@@ -243,9 +243,22 @@ func tryPushN[T any](q *Queue[T], vs []T) (int, error) {
 	return len(vs), nil
 }
 
-// take is TakeWait into a new buffer of max items.
+// take is the consumer's Wait, then Peek into a new buffer of max items.
 func take[T any](q *Queue[T], stop <-chan struct{}, max int) ([]T, bool) {
-	return q.TakeWait(stop, make([]T, max))
+	if !q.Wait(stop) {
+		return nil, false
+	}
+	return q.Peek(make([]T, max)), true
+}
+
+// push is TryPush by a producer that never steps in: it wakes the
+// consumer when TryPush did not.
+func push[T any](q *Queue[T], v T) error {
+	idle, err := q.TryPush(v)
+	if idle {
+		q.Wake()
+	}
+	return err
 }
 
 // A view stays valid and unchanged while producers push and the ring grows
@@ -253,12 +266,12 @@ func take[T any](q *Queue[T], stop <-chan struct{}, max int) ([]T, bool) {
 func TestViewSurvivesGrowth(t *testing.T) {
 	q := New[int](1024)
 	for i := range minAlloc {
-		require.NoError(t, q.TryPush(i))
+		require.NoError(t, push(q, i))
 	}
 	view := takeView(t, q, minAlloc)
 	require.Len(t, view, minAlloc)
 	for i := minAlloc; i < 200; i++ { // grows the ring several times
-		require.NoError(t, q.TryPush(i))
+		require.NoError(t, push(q, i))
 	}
 	for i, v := range view {
 		assert.Equal(t, i, v)
@@ -291,9 +304,9 @@ func TestTakeWait(t *testing.T) {
 		assert.Equal(t, 2, st.Head, "Head skips taken items")
 		assert.Equal(t, 2, st.Len)
 
-		require.NoError(t, q.TryPush(4))
-		require.NoError(t, q.TryPush(5), "a taken item's slot is free for a producer")
-		assert.ErrorIs(t, q.TryPush(6), ErrFull)
+		require.NoError(t, push(q, 4))
+		require.NoError(t, push(q, 5), "a taken item's slot is free for a producer")
+		assert.ErrorIs(t, push(q, 6), ErrFull)
 
 		view, ok = take(q, nil, 8)
 		require.True(t, ok)
@@ -318,13 +331,13 @@ func TestTakeWait(t *testing.T) {
 func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		q := New[int](1)
-		require.NoError(t, q.TryPush(1))
+		require.NoError(t, push(q, 1))
 		view, ok := take(q, nil, 1)
 		require.True(t, ok)
 		require.Equal(t, []int{1}, view)
-		assert.ErrorIs(t, q.TryPush(2), ErrFull, "not taken yet")
+		assert.ErrorIs(t, push(q, 2), ErrFull, "not taken yet")
 		q.TakenN(1)
-		require.NoError(t, q.TryPush(2), "settled by the producer")
+		require.NoError(t, push(q, 2), "settled by the producer")
 		done := make(chan error)
 		go func() { done <- q.PushWait(3, nil, nil, nil) }()
 		synctest.Wait()
@@ -352,23 +365,6 @@ func TestTakenNBeyondTheQueue(t *testing.T) {
 	require.Equal(t, 3, k)
 	assert.Equal(t, []int{4, 5, 6}, takeView(t, q, 3), "nothing unread removed")
 	assert.Equal(t, 3, q.Snapshot().Len)
-}
-
-// A push settles taken items when they are what keeps it out.
-func TestPushSettlesForRoom(t *testing.T) {
-	q := New[int](4)
-	_, _ = tryPushN(q, []int{1, 2, 3})
-	require.Len(t, takeView(t, q, 3), 3)
-	q.TakenN(2)
-	k, err := tryPushN(q, []int{4, 5, 6})
-	require.NoError(t, err)
-	assert.Equal(t, 3, k, "the ring was not full, but a taken slot was needed")
-}
-
-func TestTakeWaitWithoutAMax(t *testing.T) {
-	q := New[int](2)
-	require.NoError(t, q.TryPush(1))
-	assert.Equal(t, []int{1}, takeView(t, q, 0), "at least one item")
 }
 
 // stressItem carries a checksum so that a slot overwritten or read torn
@@ -411,7 +407,7 @@ func TestConcurrentTakeStress(t *testing.T) {
 							}
 							i++
 						case 1:
-							if q.TryPush(newStressItem(p, i)) == nil {
+							if push(q, newStressItem(p, i)) == nil {
 								i++
 							}
 						default:
@@ -487,16 +483,16 @@ func TestConcurrentTakeStress(t *testing.T) {
 func TestRange(t *testing.T) {
 	q := New[int](8)
 	for i := range 6 {
-		require.NoError(t, q.TryPush(i))
+		require.NoError(t, push(q, i))
 	}
 	for range 4 {
 		_, ok := pop(q)
 		require.True(t, ok)
 	}
 	for i := 6; i < 12; i++ { // wraps: the ring holds 4 and 5, then these
-		require.NoError(t, q.TryPush(i))
+		require.NoError(t, push(q, i))
 	}
-	batch, ok := q.TakeWait(nil, make([]int, 2))
+	batch, ok := take(q, nil, 2)
 	require.True(t, ok)
 	require.Equal(t, []int{4, 5}, batch)
 	q.TakenN(2) // taken, not settled: still in the ring
@@ -518,4 +514,44 @@ func TestRange(t *testing.T) {
 		})
 	}
 	assert.Equal(t, []int{-1, 6, 7}, q.Range(6, 8, []int{-1}), "appends to buf")
+}
+
+// TestTryPushIdle: a push into an empty queue whose consumer sleeps says
+// so and does not wake it; any other push wakes a sleeping consumer; Wake
+// wakes it.
+func TestTryPushIdle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := New[int](4)
+		idle, err := q.TryPush(1)
+		require.NoError(t, err)
+		assert.False(t, idle, "the consumer is not asleep")
+		q.Peek(make([]int, 1))
+		q.TakenN(1)
+
+		woke := make(chan bool)
+		go func() { woke <- q.Wait(nil) }()
+		synctest.Wait() // the consumer sleeps on an empty queue
+		idle, err = q.TryPush(2)
+		require.NoError(t, err)
+		assert.True(t, idle, "the only item, the consumer asleep")
+		synctest.Wait()
+		select {
+		case <-woke:
+			t.Fatal("an idle push woke the consumer")
+		default:
+		}
+		idle, err = q.TryPush(3)
+		require.NoError(t, err)
+		assert.False(t, idle, "another item is not taken yet")
+		assert.True(t, <-woke, "a push behind an untaken item wakes the consumer")
+
+		q.Peek(make([]int, 2))
+		q.TakenN(2)
+		go func() { woke <- q.Wait(nil) }()
+		synctest.Wait()
+		idle, _ = q.TryPush(4)
+		require.True(t, idle)
+		q.Wake()
+		assert.True(t, <-woke, "Wake wakes a sleeping consumer")
+	})
 }
