@@ -34,16 +34,11 @@ type BatchError struct {
 
 // Error says how many were refused, and the first reason.
 func (e *BatchError) Error() string {
-	n, first := 0, error(nil)
-	for _, err := range e.Errs {
-		if err != nil {
-			if n == 0 {
-				first = err
-			}
-			n++
-		}
+	refused, first := e.Unwrap(), error(nil)
+	if len(refused) > 0 {
+		first = refused[0]
 	}
-	return fmt.Sprintf("broker: publish batch: %d of %d messages refused; first: %v", n, len(e.Errs), first)
+	return fmt.Sprintf("broker: publish batch: %d of %d messages refused; first: %v", len(refused), len(e.Errs), first)
 }
 
 // Unwrap returns the errors of the messages refused.
@@ -121,10 +116,8 @@ func (b *Broker) publishRemoteBatch(ctx context.Context, bt BatchTransport, msgs
 	if pctx == nil {
 		pctx = context.Background()
 	}
-	var out []error
-	perr := b.guard.call("Transport", "PublishBatch", func() error {
-		out = bt.PublishBatch(pctx, ready, b.cfg.publishTimeout)
-		return nil
+	out, perr := guarded(b.guard, "Transport", "PublishBatch", func() ([]error, error) {
+		return bt.PublishBatch(pctx, ready, b.cfg.publishTimeout), nil
 	})
 	if perr != nil || len(out) != len(ready) {
 		err := perr
