@@ -2,9 +2,9 @@ package broker
 
 import (
 	"container/list"
+	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // This file is the broker's topics as resources: a topic exists (with its
@@ -42,11 +42,8 @@ func newTally() *tally { return &tally{subs: make(map[string]*subCounters)} }
 
 // counter returns name's counters, creating them; it is no longer idle.
 func (tl *tally) counter(name string) *subCounters {
-	for i, n := range tl.idle {
-		if n == name {
-			tl.idle = append(tl.idle[:i], tl.idle[i+1:]...)
-			break
-		}
+	if i := slices.Index(tl.idle, name); i >= 0 {
+		tl.idle = slices.Delete(tl.idle, i, i+1)
 	}
 	c := tl.subs[name]
 	if c == nil {
@@ -78,7 +75,6 @@ type goneTopics struct {
 type goneTopic struct {
 	name  string
 	tally *tally
-	at    time.Time
 }
 
 func newGoneTopics() *goneTopics {
@@ -90,7 +86,7 @@ func newGoneTopics() *goneTopics {
 func (g *goneTopics) add(name string, tl *tally) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.byName[name] = g.order.PushBack(goneTopic{name: name, tally: tl, at: time.Now()})
+	g.byName[name] = g.order.PushBack(goneTopic{name: name, tally: tl})
 	for g.order.Len() > MaxGoneTopics {
 		old := g.order.Remove(g.order.Front()).(goneTopic)
 		delete(g.byName, old.name)
