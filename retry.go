@@ -202,8 +202,9 @@ type verdict struct {
 	delay     time.Duration // wait before the retry
 }
 
-// decide applies a normalized policy to the failure f of attempt number
-// attempt (1 for the first). Attempts stay within 1..MaxRetries+1 of the
+// decideWith applies a normalized policy to the failure f of attempt
+// number attempt (1 for the first), the backoff called through call (which
+// guards it against panics). Attempts stay within 1..MaxRetries+1 of the
 // rule that applies to f's code.
 //
 // A failure is retryable unless it is Permanent or its code has a rule
@@ -211,12 +212,6 @@ type verdict struct {
 // retryable like any error. A retryable failure whose attempts are used
 // up — including under a policy-wide NoRetries — is "exhausted", not
 // "permanent".
-func (p *RetryPolicy) decide(f failure, attempt int) verdict {
-	return p.decideWith(f, attempt, func(b Backoff, retry int) time.Duration { return b(retry) })
-}
-
-// decideWith is decide with the backoff called through call (which guards
-// it against panics).
 func (p *RetryPolicy) decideWith(f failure, attempt int, call func(Backoff, int) time.Duration) verdict {
 	if f.permanent {
 		return verdict{}
