@@ -237,16 +237,6 @@ func (b *breaker) close() BreakerState {
 	return BreakerClosed
 }
 
-// halfOpen ends the open interval; it reports whether the state changed.
-func (b *breaker) halfOpen() bool {
-	b.timer = nil
-	if b.state != BreakerOpen {
-		return false
-	}
-	b.state = BreakerHalfOpen
-	return true
-}
-
 // arm starts the open interval of a breaker that just opened, once its
 // opening was reported (so that the end of the interval is reported after
 // it).
@@ -262,7 +252,11 @@ func (b *breaker) arm() {
 // reported before a probe may start, so that observers see it first.
 func (b *breaker) endOpen() {
 	b.mu.Lock()
-	changed := !b.stopped && b.halfOpen()
+	b.timer = nil
+	changed := !b.stopped && b.state == BreakerOpen
+	if changed {
+		b.state = BreakerHalfOpen
+	}
 	b.announcing = changed
 	b.mu.Unlock()
 	if !changed {
