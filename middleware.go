@@ -36,7 +36,7 @@ type SubscriberInfo struct {
 // refused.
 func WithMiddleware(mw ...Middleware) Option {
 	return func(c *config) error {
-		if err := checkMiddleware(mw); err != nil {
+		if err := noNil("middleware", mw); err != nil {
 			return err
 		}
 		c.middleware = append(c.middleware, mw...)
@@ -52,7 +52,7 @@ func WithMiddleware(mw ...Middleware) Option {
 // SubscribeOptions.
 func WithSubscriberMiddleware(mw ...Middleware) SubscribeOption {
 	return func(c *subConfig) error {
-		if err := checkMiddleware(mw); err != nil {
+		if err := noNil("middleware", mw); err != nil {
 			return err
 		}
 		c.middleware = append(c.middleware, mw...)
@@ -60,10 +60,11 @@ func WithSubscriberMiddleware(mw ...Middleware) SubscribeOption {
 	}
 }
 
-func checkMiddleware(mw []Middleware) error {
-	for i, m := range mw {
-		if m == nil {
-			return fmt.Errorf("%w: middleware %d is nil", ErrInvalidOption, i)
+// noNil refuses a nil entry of fs, named what and its index.
+func noNil[F any](what string, fs []F) error {
+	for i, f := range fs {
+		if isNilValue(f) {
+			return fmt.Errorf("%w: %s %d is nil", ErrInvalidOption, what, i)
 		}
 	}
 	return nil
@@ -143,10 +144,8 @@ type PublishHook func(ctx context.Context, msg *Message) error
 // it queues a message. nil entries are refused.
 func WithPublishHook(hooks ...PublishHook) Option {
 	return func(c *config) error {
-		for i, h := range hooks {
-			if h == nil {
-				return fmt.Errorf("%w: publish hook %d is nil", ErrInvalidOption, i)
-			}
+		if err := noNil("publish hook", hooks); err != nil {
+			return err
 		}
 		c.publishHooks = append(c.publishHooks, hooks...)
 		return nil
