@@ -155,7 +155,6 @@ type breaker struct {
 	// reported.
 	announcing bool
 	timer      *time.Timer // ends the open interval
-	trips      uint64      // times it opened
 
 	// Its holder (the in-memory lane, a transport's hold) guards it with
 	// mu; wake is called under mu when a waiting message may be let
@@ -227,7 +226,6 @@ func (b *breaker) record(h health, probe bool, now time.Time) BreakerState {
 
 func (b *breaker) open() BreakerState {
 	b.state = BreakerOpen
-	b.trips++
 	return BreakerOpen
 }
 
