@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"fmt"
 	"sync"
 	"time"
@@ -101,18 +102,10 @@ func (p BreakerPolicy) normalized() (BreakerPolicy, error) {
 	if p.Failures == 0 && p.FailureRatio == 0 {
 		p.Failures = DefaultBreakerFailures
 	}
-	if p.Window == 0 {
-		p.Window = DefaultBreakerWindow
-	}
-	if p.MinAttempts == 0 {
-		p.MinAttempts = DefaultBreakerMinAttempts
-	}
-	if p.OpenFor == 0 {
-		p.OpenFor = DefaultBreakerOpenFor
-	}
-	if p.MaxOpenFor == 0 {
-		p.MaxOpenFor = max(DefaultBreakerMaxOpenFor, p.OpenFor)
-	}
+	p.Window = cmp.Or(p.Window, DefaultBreakerWindow)
+	p.MinAttempts = cmp.Or(p.MinAttempts, DefaultBreakerMinAttempts)
+	p.OpenFor = cmp.Or(p.OpenFor, DefaultBreakerOpenFor)
+	p.MaxOpenFor = cmp.Or(p.MaxOpenFor, max(DefaultBreakerMaxOpenFor, p.OpenFor))
 	if p.MaxOpenFor < p.OpenFor {
 		return p, fmt.Errorf("%w: breaker MaxOpenFor %v < OpenFor %v", ErrInvalidOption, p.MaxOpenFor, p.OpenFor)
 	}
