@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -156,9 +157,7 @@ func (p RetryPolicy) validate() error {
 // (so later changes by the caller have no effect). The rules keep their
 // zero fields; normalized resolves them.
 func (p RetryPolicy) over(base RetryPolicy) RetryPolicy {
-	if p.MaxRetries == 0 {
-		p.MaxRetries = base.MaxRetries
-	}
+	p.MaxRetries = cmp.Or(p.MaxRetries, base.MaxRetries)
 	if p.Backoff == nil {
 		p.Backoff = base.Backoff
 	}
@@ -257,21 +256,23 @@ func classify(err error, timedOut bool) failure {
 		return failure{code: CodeTimeout}
 	}
 	if pe, ok := errors.AsType[*permanentError](err); ok {
-		code := CodePermanent
-		if c, ok := errors.AsType[ErrorCoder](pe.err); ok && c.ErrorCode() != "" {
-			code = c.ErrorCode()
-		}
-		return failure{code: code, permanent: true}
+		return failure{code: ownCode(pe.err, CodePermanent), permanent: true}
 	}
 	if ra, ok := errors.AsType[*retryAfterError](err); ok {
 		return failure{code: CodeThrottled, after: ra.after}
 	}
+	return failure{code: ownCode(err, CodeError)}
+}
+
+// ownCode is the code of the ErrorCoder in err's chain, or otherwise when
+// there is none or its code is empty.
+func ownCode(err error, otherwise string) string {
 	if c, ok := errors.AsType[ErrorCoder](err); ok {
 		if code := c.ErrorCode(); code != "" {
-			return failure{code: code}
+			return code
 		}
 	}
-	return failure{code: CodeError}
+	return otherwise
 }
 
 // Permanent marks err as not worth retrying (bad input, failed validation):
