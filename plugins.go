@@ -177,39 +177,45 @@ type observers struct {
 	g    guard
 }
 
-// notify calls hook(o, e) for each observer o, guarded.
-func notify[E any](m observers, method string, e E, hook func(Observer, E)) {
+// Each hook below loops and calls its method directly: handing the method
+// to one generic loop would cost an indirect call per event.
+
+func (m observers) Published(e PublishEvent) {
 	for _, o := range m.list {
-		m.g.do("Observer", method, func() { hook(o, e) })
+		m.g.do("Observer", "Published", func() { o.Published(e) })
 	}
 }
 
-func (m observers) Published(e PublishEvent) {
-	notify(m, "Published", e, Observer.Published)
-}
-
 func (m observers) Rejected(e RejectEvent) {
-	notify(m, "Rejected", e, Observer.Rejected)
+	for _, o := range m.list {
+		m.g.do("Observer", "Rejected", func() { o.Rejected(e) })
+	}
 }
 
 func (m observers) Unrouted(e UnroutedEvent) {
-	notify(m, "Unrouted", e, Observer.Unrouted)
+	for _, o := range m.list {
+		m.g.do("Observer", "Unrouted", func() { o.Unrouted(e) })
+	}
 }
 
 func (m observers) Attempted(e AttemptEvent) {
-	notify(m, "Attempted", e, Observer.Attempted)
+	for _, o := range m.list {
+		m.g.do("Observer", "Attempted", func() { o.Attempted(e) })
+	}
 }
 
 func (m observers) DeadLettered(e DeadLetterEvent) {
-	notify(m, "DeadLettered", e, Observer.DeadLettered)
+	for _, o := range m.list {
+		m.g.do("Observer", "DeadLettered", func() { o.DeadLettered(e) })
+	}
 }
 
 func (m observers) BreakerChanged(e BreakerEvent) {
-	notify(m, "BreakerChanged", e, func(o Observer, e BreakerEvent) {
+	for _, o := range m.list {
 		if bo, ok := o.(BreakerObserver); ok {
-			bo.BreakerChanged(e)
+			m.g.do("Observer", "BreakerChanged", func() { bo.BreakerChanged(e) })
 		}
-	})
+	}
 }
 
 // forSubscriber is m for the events of one subscriber: each observer is
