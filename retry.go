@@ -64,34 +64,32 @@ func ConstantBackoff(d time.Duration) Backoff {
 	return func(int) time.Duration { return d }
 }
 
-// ExponentialBackoff waits about base·2^(retry-1), capped at max, with equal
-// jitter: the delay is drawn uniformly from [d/2, d] where d is the capped
-// exponential value, so retries from many messages spread out while the cap
-// is never exceeded. A max below base is raised to base; a non-positive base
-// yields no delay.
-func ExponentialBackoff(base, max time.Duration) Backoff {
+// ExponentialBackoff waits about base·2^(retry-1), capped at maxDelay, with
+// equal jitter: the delay is drawn uniformly from [d/2, d] where d is the
+// capped exponential value, so retries from many messages spread out while
+// the cap is never exceeded. A maxDelay below base is raised to base; a
+// non-positive base yields no delay.
+func ExponentialBackoff(base, maxDelay time.Duration) Backoff {
 	if base <= 0 {
 		return ConstantBackoff(0)
 	}
-	if max < base {
-		max = base
-	}
+	maxDelay = max(maxDelay, base)
 	return func(retry int) time.Duration {
-		d := exponential(base, max, retry)
+		d := exponential(base, maxDelay, retry)
 		half := d / 2
 		return d - half + rand.N(half+1)
 	}
 }
 
-// exponential returns min(base·2^(retry-1), max) without overflow, for
-// 0 < base <= max. A retry below 1 counts as 1.
-func exponential(base, max time.Duration, retry int) time.Duration {
+// exponential returns min(base·2^(retry-1), maxDelay) without overflow,
+// for 0 < base <= maxDelay. A retry below 1 counts as 1.
+func exponential(base, maxDelay time.Duration, retry int) time.Duration {
 	shift := retry - 1
 	if shift <= 0 {
 		return base
 	}
-	if shift >= maxShift || base > max>>shift {
-		return max
+	if shift >= maxShift || base > maxDelay>>shift {
+		return maxDelay
 	}
 	return base << shift
 }
