@@ -142,10 +142,8 @@ func DefaultRetryPolicy() RetryPolicy {
 
 // validate reports a malformed policy, wrapping ErrInvalidOption.
 func (p RetryPolicy) validate() error {
-	for code := range p.ByCode {
-		if code == "" {
-			return fmt.Errorf("%w: retry rule for an empty error code", ErrInvalidOption)
-		}
+	if _, ok := p.ByCode[""]; ok {
+		return fmt.Errorf("%w: retry rule for an empty error code", ErrInvalidOption)
 	}
 	return nil
 }
