@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -34,16 +35,11 @@ type BatchError struct {
 
 // Error says how many were refused, and the first reason.
 func (e *BatchError) Error() string {
-	n, first := 0, error(nil)
-	for _, err := range e.Errs {
-		if err != nil {
-			if n == 0 {
-				first = err
-			}
-			n++
-		}
+	refused, first := e.Unwrap(), error(nil)
+	if len(refused) > 0 {
+		first = refused[0]
 	}
-	return fmt.Sprintf("broker: publish batch: %d of %d messages refused; first: %v", n, len(e.Errs), first)
+	return fmt.Sprintf("broker: publish batch: %d of %d messages refused; first: %v", len(refused), len(e.Errs), first)
 }
 
 // Unwrap returns the errors of the messages refused.
@@ -71,17 +67,14 @@ func (e *BatchError) Unwrap() []error {
 // faster than Publish from one goroutine.
 func (b *Broker) PublishBatch(ctx context.Context, msgs []Message) error {
 	errs := make([]error, len(msgs))
-	failed := false
 	if bt, ok := b.remoteBatch(); ok {
-		failed = b.publishRemoteBatch(ctx, bt, msgs, errs)
+		b.publishRemoteBatch(ctx, bt, msgs, errs)
 	} else {
 		for i := range msgs {
-			if errs[i] = b.Publish(ctx, msgs[i]); errs[i] != nil {
-				failed = true
-			}
+			errs[i] = b.Publish(ctx, msgs[i])
 		}
 	}
-	if failed {
+	if slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
 		return &BatchError{Errs: errs}
 	}
 	return nil
@@ -99,8 +92,8 @@ func (b *Broker) remoteBatch() (BatchTransport, bool) {
 // publishRemoteBatch is PublishBatch over a BatchTransport: each message is
 // made ready as Publish makes it (those that fail there are not sent), the
 // rest go to the transport together, and each outcome is recorded as
-// Publish records it. It reports whether any failed.
-func (b *Broker) publishRemoteBatch(ctx context.Context, bt BatchTransport, msgs []Message, errs []error) (failed bool) {
+// Publish records it, in errs.
+func (b *Broker) publishRemoteBatch(ctx context.Context, bt BatchTransport, msgs []Message, errs []error) {
 	ready := make([]Message, 0, len(msgs))
 	at := make([]int, 0, len(msgs)) // ready[k] is msgs[at[k]]
 	for i, msg := range msgs {
@@ -109,37 +102,31 @@ func (b *Broker) publishRemoteBatch(ctx context.Context, bt BatchTransport, msgs
 			err = ErrClosed
 		}
 		if err != nil {
-			errs[i], failed = err, true
+			errs[i] = err
 			continue
 		}
 		ready, at = append(ready, msg), append(at, i)
 	}
 	if len(ready) == 0 {
-		return failed
+		return
 	}
 	pctx := ctx
 	if pctx == nil {
 		pctx = context.Background()
 	}
-	var out []error
-	perr := b.guard.call("Transport", "PublishBatch", func() error {
-		out = bt.PublishBatch(pctx, ready, b.cfg.publishTimeout)
-		return nil
+	out, perr := guarded(b.guard, "Transport", "PublishBatch", func() ([]error, error) {
+		return bt.PublishBatch(pctx, ready, b.cfg.publishTimeout), nil
 	})
-	if perr != nil || len(out) != len(ready) {
-		err := perr
-		if err == nil {
-			err = fmt.Errorf("broker: publish batch: the transport answered %d of %d messages", len(out), len(ready))
-		}
+	if perr == nil && len(out) != len(ready) {
+		perr = fmt.Errorf("broker: publish batch: the transport answered %d of %d messages", len(out), len(ready))
+	}
+	if perr != nil { // every message gets the batch's error
 		out = make([]error, len(ready))
 		for k := range out {
-			out[k] = err
+			out[k] = perr
 		}
 	}
 	for k, msg := range ready {
-		if errs[at[k]] = b.remoteOutcome(ctx, msg, out[k]); errs[at[k]] != nil {
-			failed = true
-		}
+		errs[at[k]] = b.remoteOutcome(ctx, msg, out[k])
 	}
-	return failed
 }

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"fmt"
 	"sync"
 	"time"
@@ -101,18 +102,10 @@ func (p BreakerPolicy) normalized() (BreakerPolicy, error) {
 	if p.Failures == 0 && p.FailureRatio == 0 {
 		p.Failures = DefaultBreakerFailures
 	}
-	if p.Window == 0 {
-		p.Window = DefaultBreakerWindow
-	}
-	if p.MinAttempts == 0 {
-		p.MinAttempts = DefaultBreakerMinAttempts
-	}
-	if p.OpenFor == 0 {
-		p.OpenFor = DefaultBreakerOpenFor
-	}
-	if p.MaxOpenFor == 0 {
-		p.MaxOpenFor = max(DefaultBreakerMaxOpenFor, p.OpenFor)
-	}
+	p.Window = cmp.Or(p.Window, DefaultBreakerWindow)
+	p.MinAttempts = cmp.Or(p.MinAttempts, DefaultBreakerMinAttempts)
+	p.OpenFor = cmp.Or(p.OpenFor, DefaultBreakerOpenFor)
+	p.MaxOpenFor = cmp.Or(p.MaxOpenFor, max(DefaultBreakerMaxOpenFor, p.OpenFor))
 	if p.MaxOpenFor < p.OpenFor {
 		return p, fmt.Errorf("%w: breaker MaxOpenFor %v < OpenFor %v", ErrInvalidOption, p.MaxOpenFor, p.OpenFor)
 	}
@@ -155,7 +148,6 @@ type breaker struct {
 	// reported.
 	announcing bool
 	timer      *time.Timer // ends the open interval
-	trips      uint64      // times it opened
 
 	// Its holder (the in-memory lane, a transport's hold) guards it with
 	// mu; wake is called under mu when a waiting message may be let
@@ -227,7 +219,6 @@ func (b *breaker) record(h health, probe bool, now time.Time) BreakerState {
 
 func (b *breaker) open() BreakerState {
 	b.state = BreakerOpen
-	b.trips++
 	return BreakerOpen
 }
 
@@ -235,16 +226,6 @@ func (b *breaker) close() BreakerState {
 	b.state, b.run, b.openFor = BreakerClosed, 0, b.p.OpenFor
 	b.win.Reset()
 	return BreakerClosed
-}
-
-// halfOpen ends the open interval; it reports whether the state changed.
-func (b *breaker) halfOpen() bool {
-	b.timer = nil
-	if b.state != BreakerOpen {
-		return false
-	}
-	b.state = BreakerHalfOpen
-	return true
 }
 
 // arm starts the open interval of a breaker that just opened, once its
@@ -262,7 +243,11 @@ func (b *breaker) arm() {
 // reported before a probe may start, so that observers see it first.
 func (b *breaker) endOpen() {
 	b.mu.Lock()
-	changed := !b.stopped && b.halfOpen()
+	b.timer = nil
+	changed := !b.stopped && b.state == BreakerOpen
+	if changed {
+		b.state = BreakerHalfOpen
+	}
 	b.announcing = changed
 	b.mu.Unlock()
 	if !changed {

@@ -111,16 +111,8 @@ func New(opts ...Option) (*Broker, error) {
 			b.timed = true
 		}
 	}
-	switch len(cfg.obs) {
-	case 0:
-	case 1:
-		b.obs = guardedObserver{o: cfg.obs[0], g: b.guard}
-	default:
-		m := make(observers, len(cfg.obs))
-		for i, o := range cfg.obs {
-			m[i] = guardedObserver{o: o, g: b.guard}
-		}
-		b.obs = m
+	if len(cfg.obs) > 0 {
+		b.obs = observers{list: cfg.obs, g: b.guard}
 	}
 	b.abortCtx, b.abort = context.WithCancelCause(context.Background())
 	b.gone = newGoneTopics()

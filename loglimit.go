@@ -122,8 +122,7 @@ func (l *logLimit) flush(final bool) {
 	window := time.Since(l.start).Round(time.Millisecond)
 	held, other := l.held, l.other
 	l.held, l.other, l.timer = make(map[logKey]int), 0, nil
-	l.start, l.lines = time.Time{}, 0
-	clear(l.byKey)
+	l.start = time.Time{} // the next line starts a window
 	l.mu.Unlock()
 	if final {
 		l.flushed.Wait()

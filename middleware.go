@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 )
 
 // This file is what users wrap around the broker's edges: handler
@@ -35,7 +36,7 @@ type SubscriberInfo struct {
 // refused.
 func WithMiddleware(mw ...Middleware) Option {
 	return func(c *config) error {
-		if err := checkMiddleware(mw); err != nil {
+		if err := noNil("middleware", mw); err != nil {
 			return err
 		}
 		c.middleware = append(c.middleware, mw...)
@@ -51,7 +52,7 @@ func WithMiddleware(mw ...Middleware) Option {
 // SubscribeOptions.
 func WithSubscriberMiddleware(mw ...Middleware) SubscribeOption {
 	return func(c *subConfig) error {
-		if err := checkMiddleware(mw); err != nil {
+		if err := noNil("middleware", mw); err != nil {
 			return err
 		}
 		c.middleware = append(c.middleware, mw...)
@@ -59,10 +60,11 @@ func WithSubscriberMiddleware(mw ...Middleware) SubscribeOption {
 	}
 }
 
-func checkMiddleware(mw []Middleware) error {
-	for i, m := range mw {
-		if m == nil {
-			return fmt.Errorf("%w: middleware %d is nil", ErrInvalidOption, i)
+// noNil refuses a nil entry of fs, named what and its index.
+func noNil[F any](what string, fs []F) error {
+	for i, f := range fs {
+		if isNilValue(f) {
+			return fmt.Errorf("%w: %s %d is nil", ErrInvalidOption, what, i)
 		}
 	}
 	return nil
@@ -74,30 +76,28 @@ func checkMiddleware(mw []Middleware) error {
 // pipeline's recover came from middleware (counted as a plug-in panic).
 // Without middleware h is returned as it is.
 func chain(g guard, sub SubscriberInfo, h Handler, outer ...[]Middleware) (Handler, error) {
-	n := 0
-	for _, mws := range outer {
-		n += len(mws)
-	}
-	if n == 0 {
+	mws := slices.Concat(outer...)
+	if len(mws) == 0 {
 		return h, nil
 	}
-	inner := func(ctx context.Context, msg Message) (err error) {
+	wrapped := Handler(func(ctx context.Context, msg Message) (err error) {
 		defer func() {
 			if v := recover(); v != nil {
 				err = newPanicError(v)
 			}
 		}()
 		return h(ctx, msg)
-	}
-	wrapped := Handler(inner)
-	for i := len(outer) - 1; i >= 0; i-- {
-		for j := len(outer[i]) - 1; j >= 0; j-- {
-			next, err := buildLayer(g, outer[i][j], sub, wrapped)
-			if err != nil {
-				return nil, err
-			}
-			wrapped = next
+	})
+	for _, m := range slices.Backward(mws) {
+		// A panic or a nil handler is an error for Subscribe.
+		next, err := guarded(g, "Middleware", "build", func() (Handler, error) { return m(sub, wrapped), nil })
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
 		}
+		if next == nil {
+			return nil, fmt.Errorf("%w: a middleware returned a nil handler", ErrInvalidOption)
+		}
+		wrapped = next
 	}
 	return func(ctx context.Context, msg Message) (err error) {
 		defer func() {
@@ -108,20 +108,6 @@ func chain(g guard, sub SubscriberInfo, h Handler, outer ...[]Middleware) (Handl
 		}()
 		return wrapped(ctx, msg)
 	}, nil
-}
-
-// buildLayer calls one Middleware, guarded: a panic or a nil handler is an
-// error for Subscribe.
-func buildLayer(g guard, m Middleware, sub SubscriberInfo, next Handler) (h Handler, err error) {
-	defer func() {
-		if e := g.recovered("Middleware", "build", recover()); e != nil {
-			h, err = nil, fmt.Errorf("%w: %w", ErrInvalidOption, e)
-		}
-	}()
-	if h = m(sub, next); h == nil {
-		return nil, fmt.Errorf("%w: a middleware returned a nil handler", ErrInvalidOption)
-	}
-	return h, nil
 }
 
 // ErrorCodeOf returns the code the broker files err under when a handler
@@ -158,10 +144,8 @@ type PublishHook func(ctx context.Context, msg *Message) error
 // it queues a message. nil entries are refused.
 func WithPublishHook(hooks ...PublishHook) Option {
 	return func(c *config) error {
-		for i, h := range hooks {
-			if h == nil {
-				return fmt.Errorf("%w: publish hook %d is nil", ErrInvalidOption, i)
-			}
+		if err := noNil("publish hook", hooks); err != nil {
+			return err
 		}
 		c.publishHooks = append(c.publishHooks, hooks...)
 		return nil
@@ -183,8 +167,10 @@ func (b *Broker) hooked(ctx context.Context, msg Message) (Message, error) {
 		c := msg
 		c.Headers = make(map[string]string, len(msg.Headers)+2)
 		maps.Copy(c.Headers, msg.Headers)
-		panicked, err := b.callPublishHook(ctx, hook, &c)
-		if panicked {
+		// A hook that panics is left out: the message is published
+		// anyway, without what the hook did to it.
+		err, panicErr := guarded(b.guard, "PublishHook", "call", func() (error, error) { return hook(ctx, &c), nil })
+		if panicErr != nil {
 			continue
 		}
 		msg, kept = c, true
@@ -199,16 +185,4 @@ func (b *Broker) hooked(ctx context.Context, msg Message) (Message, error) {
 		msg.Headers = nil
 	}
 	return msg, msg.validate()
-}
-
-// callPublishHook runs one hook, guarded: a panic is recovered, logged and
-// counted, and reported as panicked (the message is published anyway,
-// without what the hook did to it).
-func (b *Broker) callPublishHook(ctx context.Context, hook PublishHook, msg *Message) (panicked bool, err error) {
-	defer func() {
-		if b.guard.recovered("PublishHook", "call", recover()) != nil {
-			panicked, err = true, nil
-		}
-	}()
-	return false, hook(ctx, msg)
 }

@@ -29,9 +29,8 @@ type Option func(*config) error
 
 // config is what New builds from its options.
 type config struct {
-	queueSize      int
+	queueSize      int // also the default most messages of a lane ready to run
 	laneSize       int // default lane capacity
-	laneReady      int // default most messages of a lane ready to run
 	publishTimeout time.Duration
 	policy         RetryPolicy
 	dlq            DeadLetterStore
@@ -48,7 +47,6 @@ func defaultConfig() config {
 	return config{
 		queueSize:      DefaultQueueSize,
 		laneSize:       DefaultLaneSize,
-		laneReady:      DefaultQueueSize,
 		publishTimeout: DefaultPublishTimeout,
 		policy:         DefaultRetryPolicy(),
 	}
@@ -66,7 +64,6 @@ func WithQueueSize(n int) Option {
 		}
 		c.queueSize = n
 		c.laneSize = n
-		c.laneReady = n
 		return nil
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"reflect"
 	"runtime/debug"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -35,9 +36,11 @@ func (g guard) recovered(plugin, method string, v any) error {
 	}
 	g.panics.Add(1)
 	err := fmt.Errorf("broker: %s.%s panicked: %v", plugin, method, v)
-	g.log.LogAttrs(context.Background(), slog.LevelError, "broker: plugged-in code panicked",
-		slog.String("plugin", plugin), slog.String("method", method),
-		slog.String("panic", fmt.Sprint(v)), slog.String("stack", string(debug.Stack())))
+	if g.log != nil { // nil: the logger's own guard (guardedLogHandler)
+		g.log.LogAttrs(context.Background(), slog.LevelError, "broker: plugged-in code panicked",
+			slog.String("plugin", plugin), slog.String("method", method),
+			slog.String("panic", fmt.Sprint(v)), slog.String("stack", string(debug.Stack())))
+	}
 	return err
 }
 
@@ -66,12 +69,18 @@ func (g guard) do(plugin, method string, f func()) {
 }
 
 // guardedLogHandler is the user's slog.Handler with its panics recovered
-// and counted; they are not logged, the logger being what failed.
+// and counted; they are not logged, the logger being what failed. A
+// panicking Enabled says false, Handle returns the panic as its error.
 type guardedLogHandler struct {
 	h      slog.Handler
 	panics *atomic.Uint64
 }
 
+// guard counts the handler's panics and logs none.
+func (g guardedLogHandler) guard() guard { return guard{panics: g.panics} }
+
+// Enabled runs at every delivery (for its Debug line): its recover is
+// written out, as guarded's closure would cost a call more.
 func (g guardedLogHandler) Enabled(ctx context.Context, l slog.Level) (ok bool) {
 	defer func() {
 		if recover() != nil {
@@ -82,33 +91,25 @@ func (g guardedLogHandler) Enabled(ctx context.Context, l slog.Level) (ok bool) 
 	return g.h.Enabled(ctx, l)
 }
 
-func (g guardedLogHandler) Handle(ctx context.Context, r slog.Record) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			g.panics.Add(1)
-			err = fmt.Errorf("broker: slog.Handler.Handle panicked: %v", v)
-		}
-	}()
-	return g.h.Handle(ctx, r)
+func (g guardedLogHandler) Handle(ctx context.Context, r slog.Record) error {
+	return g.guard().call("slog.Handler", "Handle", func() error { return g.h.Handle(ctx, r) })
 }
 
 func (g guardedLogHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return g.derive(func() slog.Handler { return g.h.WithAttrs(attrs) })
+	return g.derive("WithAttrs", func() slog.Handler { return g.h.WithAttrs(attrs) })
 }
 
 func (g guardedLogHandler) WithGroup(name string) slog.Handler {
-	return g.derive(func() slog.Handler { return g.h.WithGroup(name) })
+	return g.derive("WithGroup", func() slog.Handler { return g.h.WithGroup(name) })
 }
 
 // derive guards the handler made by with; if with panics, g stays.
-func (g guardedLogHandler) derive(with func() slog.Handler) (h slog.Handler) {
-	defer func() {
-		if recover() != nil {
-			g.panics.Add(1)
-			h = g
-		}
-	}()
-	return guardedLogHandler{h: with(), panics: g.panics}
+func (g guardedLogHandler) derive(method string, with func() slog.Handler) slog.Handler {
+	h, err := guarded(g.guard(), "slog.Handler", method, func() (slog.Handler, error) { return with(), nil })
+	if err != nil {
+		return g
+	}
+	return guardedLogHandler{h: h, panics: g.panics}
 }
 
 // isNilValue reports whether v is a typed nil (a nil pointer, map, slice,
@@ -175,107 +176,79 @@ func (d guardedDedup) Record(ctx context.Context, k DeliveryKey) error {
 	return d.g.call("IdempotencyStore", "Record", func() error { return d.s.Record(ctx, k) })
 }
 
-// guardedObserver is an Observer whose hooks' panics lose only that event.
-type guardedObserver struct {
-	o Observer
-	g guard
+// observers are the broker's Observers (one or more), each guarded on its
+// own: every event goes to each in order, and a hook's panic loses that
+// event for that observer only.
+type observers struct {
+	list []Observer
+	g    guard
 }
 
-func (o guardedObserver) Published(e PublishEvent) {
-	o.g.do("Observer", "Published", func() { o.o.Published(e) })
-}
+// Each hook below loops and calls its method directly: handing the method
+// to one generic loop would cost an indirect call per event.
 
-func (o guardedObserver) Rejected(e RejectEvent) {
-	o.g.do("Observer", "Rejected", func() { o.o.Rejected(e) })
-}
-
-func (o guardedObserver) Unrouted(e UnroutedEvent) {
-	o.g.do("Observer", "Unrouted", func() { o.o.Unrouted(e) })
-}
-
-func (o guardedObserver) Attempted(e AttemptEvent) {
-	o.g.do("Observer", "Attempted", func() { o.o.Attempted(e) })
-}
-
-func (o guardedObserver) DeadLettered(e DeadLetterEvent) {
-	o.g.do("Observer", "DeadLettered", func() { o.o.DeadLettered(e) })
-}
-
-func (o guardedObserver) BreakerChanged(e BreakerEvent) {
-	if bo, ok := o.o.(BreakerObserver); ok {
-		o.g.do("Observer", "BreakerChanged", func() { bo.BreakerChanged(e) })
+func (m observers) Published(e PublishEvent) {
+	for _, o := range m.list {
+		m.g.do("Observer", "Published", func() { o.Published(e) })
 	}
 }
 
-// forSubscriber is o for the events of one subscriber: what o's
-// ForSubscriber returns when o is a SubscriberObserver, else o.
-func (o guardedObserver) forSubscriber(topic, name string) (scoped guardedObserver) {
-	so, ok := o.o.(SubscriberObserver)
-	if !ok {
-		return o
+func (m observers) Rejected(e RejectEvent) {
+	for _, o := range m.list {
+		m.g.do("Observer", "Rejected", func() { o.Rejected(e) })
 	}
-	scoped = o // also after a panic
-	o.g.do("Observer", "ForSubscriber", func() {
-		if s := so.ForSubscriber(topic, name); s != nil && !isNilValue(s) {
-			scoped.o = s
+}
+
+func (m observers) Unrouted(e UnroutedEvent) {
+	for _, o := range m.list {
+		m.g.do("Observer", "Unrouted", func() { o.Unrouted(e) })
+	}
+}
+
+func (m observers) Attempted(e AttemptEvent) {
+	for _, o := range m.list {
+		m.g.do("Observer", "Attempted", func() { o.Attempted(e) })
+	}
+}
+
+func (m observers) DeadLettered(e DeadLetterEvent) {
+	for _, o := range m.list {
+		m.g.do("Observer", "DeadLettered", func() { o.DeadLettered(e) })
+	}
+}
+
+func (m observers) BreakerChanged(e BreakerEvent) {
+	for _, o := range m.list {
+		if bo, ok := o.(BreakerObserver); ok {
+			m.g.do("Observer", "BreakerChanged", func() { bo.BreakerChanged(e) })
 		}
-	})
+	}
+}
+
+// forSubscriber is m for the events of one subscriber: each observer is
+// what its ForSubscriber returns when it is a SubscriberObserver (itself
+// if that panics or returns nil), else itself.
+func (m observers) forSubscriber(topic, name string) observers {
+	scoped := observers{list: slices.Clone(m.list), g: m.g}
+	for i, o := range m.list {
+		if so, ok := o.(SubscriberObserver); ok {
+			m.g.do("Observer", "ForSubscriber", func() {
+				if s := so.ForSubscriber(topic, name); s != nil && !isNilValue(s) {
+					scoped.list[i] = s
+				}
+			})
+		}
+	}
 	return scoped
 }
 
 // observerFor is the Observer of subscriber name's events (see
 // SubscriberObserver); nil when the broker has none.
 func (b *Broker) observerFor(topic, name string) Observer {
-	switch o := b.obs.(type) {
-	case guardedObserver:
-		return o.forSubscriber(topic, name)
-	case observers:
-		m := make(observers, len(o))
-		for i := range o {
-			m[i] = o[i].forSubscriber(topic, name)
-		}
-		return m
+	if obs, ok := b.obs.(observers); ok {
+		return obs.forSubscriber(topic, name)
 	}
 	return b.obs
-}
-
-// observers fans events out to several guarded observers, in order.
-type observers []guardedObserver
-
-func (m observers) Published(e PublishEvent) {
-	for _, o := range m {
-		o.Published(e)
-	}
-}
-
-func (m observers) Rejected(e RejectEvent) {
-	for _, o := range m {
-		o.Rejected(e)
-	}
-}
-
-func (m observers) Unrouted(e UnroutedEvent) {
-	for _, o := range m {
-		o.Unrouted(e)
-	}
-}
-
-func (m observers) Attempted(e AttemptEvent) {
-	for _, o := range m {
-		o.Attempted(e)
-	}
-}
-
-func (m observers) DeadLettered(e DeadLetterEvent) {
-	for _, o := range m {
-		o.DeadLettered(e)
-	}
-}
-
-func (m observers) BreakerChanged(e BreakerEvent) {
-	for _, o := range m {
-		o.BreakerChanged(e)
-	}
 }
 
 // safeBackoff returns backoff(retry), or the default backoff's delay if it

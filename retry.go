@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -63,34 +64,32 @@ func ConstantBackoff(d time.Duration) Backoff {
 	return func(int) time.Duration { return d }
 }
 
-// ExponentialBackoff waits about base·2^(retry-1), capped at max, with equal
-// jitter: the delay is drawn uniformly from [d/2, d] where d is the capped
-// exponential value, so retries from many messages spread out while the cap
-// is never exceeded. A max below base is raised to base; a non-positive base
-// yields no delay.
-func ExponentialBackoff(base, max time.Duration) Backoff {
+// ExponentialBackoff waits about base·2^(retry-1), capped at maxDelay, with
+// equal jitter: the delay is drawn uniformly from [d/2, d] where d is the
+// capped exponential value, so retries from many messages spread out while
+// the cap is never exceeded. A maxDelay below base is raised to base; a
+// non-positive base yields no delay.
+func ExponentialBackoff(base, maxDelay time.Duration) Backoff {
 	if base <= 0 {
 		return ConstantBackoff(0)
 	}
-	if max < base {
-		max = base
-	}
+	maxDelay = max(maxDelay, base)
 	return func(retry int) time.Duration {
-		d := exponential(base, max, retry)
+		d := exponential(base, maxDelay, retry)
 		half := d / 2
 		return d - half + rand.N(half+1)
 	}
 }
 
-// exponential returns min(base·2^(retry-1), max) without overflow, for
-// 0 < base <= max. A retry below 1 counts as 1.
-func exponential(base, max time.Duration, retry int) time.Duration {
+// exponential returns min(base·2^(retry-1), maxDelay) without overflow,
+// for 0 < base <= maxDelay. A retry below 1 counts as 1.
+func exponential(base, maxDelay time.Duration, retry int) time.Duration {
 	shift := retry - 1
 	if shift <= 0 {
 		return base
 	}
-	if shift >= maxShift || base > max>>shift {
-		return max
+	if shift >= maxShift || base > maxDelay>>shift {
+		return maxDelay
 	}
 	return base << shift
 }
@@ -143,10 +142,8 @@ func DefaultRetryPolicy() RetryPolicy {
 
 // validate reports a malformed policy, wrapping ErrInvalidOption.
 func (p RetryPolicy) validate() error {
-	for code := range p.ByCode {
-		if code == "" {
-			return fmt.Errorf("%w: retry rule for an empty error code", ErrInvalidOption)
-		}
+	if _, ok := p.ByCode[""]; ok {
+		return fmt.Errorf("%w: retry rule for an empty error code", ErrInvalidOption)
 	}
 	return nil
 }
@@ -156,9 +153,7 @@ func (p RetryPolicy) validate() error {
 // (so later changes by the caller have no effect). The rules keep their
 // zero fields; normalized resolves them.
 func (p RetryPolicy) over(base RetryPolicy) RetryPolicy {
-	if p.MaxRetries == 0 {
-		p.MaxRetries = base.MaxRetries
-	}
+	p.MaxRetries = cmp.Or(p.MaxRetries, base.MaxRetries)
 	if p.Backoff == nil {
 		p.Backoff = base.Backoff
 	}
@@ -202,8 +197,9 @@ type verdict struct {
 	delay     time.Duration // wait before the retry
 }
 
-// decide applies a normalized policy to the failure f of attempt number
-// attempt (1 for the first). Attempts stay within 1..MaxRetries+1 of the
+// decideWith applies a normalized policy to the failure f of attempt
+// number attempt (1 for the first), the backoff called through call (which
+// guards it against panics). Attempts stay within 1..MaxRetries+1 of the
 // rule that applies to f's code.
 //
 // A failure is retryable unless it is Permanent or its code has a rule
@@ -211,12 +207,6 @@ type verdict struct {
 // retryable like any error. A retryable failure whose attempts are used
 // up — including under a policy-wide NoRetries — is "exhausted", not
 // "permanent".
-func (p *RetryPolicy) decide(f failure, attempt int) verdict {
-	return p.decideWith(f, attempt, func(b Backoff, retry int) time.Duration { return b(retry) })
-}
-
-// decideWith is decide with the backoff called through call (which guards
-// it against panics).
 func (p *RetryPolicy) decideWith(f failure, attempt int, call func(Backoff, int) time.Duration) verdict {
 	if f.permanent {
 		return verdict{}
@@ -262,21 +252,23 @@ func classify(err error, timedOut bool) failure {
 		return failure{code: CodeTimeout}
 	}
 	if pe, ok := errors.AsType[*permanentError](err); ok {
-		code := CodePermanent
-		if c, ok := errors.AsType[ErrorCoder](pe.err); ok && c.ErrorCode() != "" {
-			code = c.ErrorCode()
-		}
-		return failure{code: code, permanent: true}
+		return failure{code: ownCode(pe.err, CodePermanent), permanent: true}
 	}
 	if ra, ok := errors.AsType[*retryAfterError](err); ok {
 		return failure{code: CodeThrottled, after: ra.after}
 	}
+	return failure{code: ownCode(err, CodeError)}
+}
+
+// ownCode is the code of the ErrorCoder in err's chain, or otherwise when
+// there is none or its code is empty.
+func ownCode(err error, otherwise string) string {
 	if c, ok := errors.AsType[ErrorCoder](err); ok {
 		if code := c.ErrorCode(); code != "" {
-			return failure{code: code}
+			return code
 		}
 	}
-	return failure{code: CodeError}
+	return otherwise
 }
 
 // Permanent marks err as not worth retrying (bad input, failed validation):

@@ -12,6 +12,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// decide is decideWith calling the backoff unguarded.
+func (p *RetryPolicy) decide(f failure, attempt int) verdict {
+	return p.decideWith(f, attempt, func(b Backoff, retry int) time.Duration { return b(retry) })
+}
+
 func TestClassify(t *testing.T) {
 	tests := []struct {
 		name      string

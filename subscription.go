@@ -68,7 +68,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	case h == nil:
 		return nil, fmt.Errorf("%w: subscribe %q to %q: nil handler", ErrInvalidOption, name, topicName)
 	}
-	sc := subConfig{concurrency: 1, laneSize: b.cfg.laneSize, laneReady: b.cfg.laneReady}
+	sc := subConfig{concurrency: 1, laneSize: b.cfg.laneSize, laneReady: b.cfg.queueSize}
 	for _, o := range opts {
 		if o == nil {
 			continue

@@ -1,10 +1,9 @@
 package broker
 
 import (
-	"container/list"
+	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // This file is the broker's topics as resources: a topic exists (with its
@@ -42,11 +41,8 @@ func newTally() *tally { return &tally{subs: make(map[string]*subCounters)} }
 
 // counter returns name's counters, creating them; it is no longer idle.
 func (tl *tally) counter(name string) *subCounters {
-	for i, n := range tl.idle {
-		if n == name {
-			tl.idle = append(tl.idle[:i], tl.idle[i+1:]...)
-			break
-		}
+	if i := slices.Index(tl.idle, name); i >= 0 {
+		tl.idle = slices.Delete(tl.idle, i, i+1)
 	}
 	c := tl.subs[name]
 	if c == nil {
@@ -67,22 +63,16 @@ func (tl *tally) left(name string) {
 	}
 }
 
-// goneTopics keeps the tallies of retired topics, oldest first, bounded.
+// goneTopics keeps the tallies of retired topics, bounded.
 type goneTopics struct {
 	mu        sync.Mutex
-	order     *list.List               // of goneTopic, oldest first
-	byName    map[string]*list.Element // name → element of order
+	byName    map[string]*tally
+	order     []string // the names in byName, retired longest ago first
 	forgotten atomic.Uint64
 }
 
-type goneTopic struct {
-	name  string
-	tally *tally
-	at    time.Time
-}
-
 func newGoneTopics() *goneTopics {
-	return &goneTopics{order: list.New(), byName: make(map[string]*list.Element)}
+	return &goneTopics{byName: make(map[string]*tally)}
 }
 
 // add keeps a retired topic's tally, forgetting the oldest beyond
@@ -90,10 +80,11 @@ func newGoneTopics() *goneTopics {
 func (g *goneTopics) add(name string, tl *tally) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.byName[name] = g.order.PushBack(goneTopic{name: name, tally: tl, at: time.Now()})
-	for g.order.Len() > MaxGoneTopics {
-		old := g.order.Remove(g.order.Front()).(goneTopic)
-		delete(g.byName, old.name)
+	g.byName[name] = tl
+	g.order = append(g.order, name)
+	for len(g.order) > MaxGoneTopics {
+		delete(g.byName, g.order[0])
+		g.order = g.order[1:]
 		g.forgotten.Add(1)
 	}
 }
@@ -103,31 +94,32 @@ func (g *goneTopics) add(name string, tl *tally) {
 func (g *goneTopics) take(name string) *tally {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if e, ok := g.byName[name]; ok {
-		g.order.Remove(e)
-		delete(g.byName, name)
-		return e.Value.(goneTopic).tally
+	tl, ok := g.byName[name]
+	if !ok {
+		return newTally()
 	}
-	return newTally()
+	delete(g.byName, name)
+	i := slices.Index(g.order, name)
+	g.order = slices.Delete(g.order, i, i+1)
+	return tl
 }
 
 // stats adds the gone topics to st.
 func (g *goneTopics) stats(st *Stats) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for e := g.order.Front(); e != nil; e = e.Next() {
-		gt := e.Value.(goneTopic)
+	for name, tl := range g.byName {
 		ts := TopicStats{
-			Published:            gt.tally.published.Load(),
-			Rejected:             gt.tally.rejected.Load(),
-			Unrouted:             gt.tally.unrouted.Load(),
-			ForgottenSubscribers: gt.tally.forgotten,
-			Subscribers:          make(map[string]SubscriberStats, len(gt.tally.subs)),
+			Published:            tl.published.Load(),
+			Rejected:             tl.rejected.Load(),
+			Unrouted:             tl.unrouted.Load(),
+			ForgottenSubscribers: tl.forgotten,
+			Subscribers:          make(map[string]SubscriberStats, len(tl.subs)),
 		}
-		for name, c := range gt.tally.subs {
-			ts.Subscribers[name] = c.snapshot()
+		for sub, c := range tl.subs {
+			ts.Subscribers[sub] = c.snapshot()
 		}
-		st.Topics[gt.name] = ts
+		st.Topics[name] = ts
 	}
 	st.ForgottenTopics = g.forgotten.Load()
 }

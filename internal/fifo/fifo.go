@@ -25,10 +25,7 @@ func (r *Ring[T]) PushFront(v T) {
 	if r.n == len(r.buf) {
 		r.grow()
 	}
-	r.head--
-	if r.head < 0 {
-		r.head += len(r.buf)
-	}
+	r.head = r.index(len(r.buf) - 1) // one back, around the ring
 	r.buf[r.head] = v
 	r.n++
 }
