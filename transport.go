@@ -271,8 +271,8 @@ func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy Re
 	r.mu.Unlock()
 
 	s := &Subscription{b: b, topicName: topicName, name: name, c: c, workers: sc.concurrency,
-		done: make(chan struct{}), unsubbed: make(chan struct{}),
-		remote: &remoteSub{},
+		unsubbed: make(chan struct{}),
+		remote:   &remoteSub{},
 	}
 	s.hold = newHold(s, sc)
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
