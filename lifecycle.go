@@ -99,8 +99,14 @@ func (b *Broker) Close(ctx context.Context) error {
 		b.redrive <- struct{}{} // taken for good: later Redrives see closeDone
 		close(dispatched)
 	}()
+	drained := waitOr(dispatched, ctx.Done())
+	for _, s := range subs {
+		// One that its Unsubscribe cuts off meanwhile is that stop's, waited
+		// for below.
+		drained = drained && (s.drain(ctx) || ctx.Err() == nil)
+	}
 	var deadline <-chan struct{} // the stop's, once ctx ended
-	if !waitOr(dispatched, ctx.Done()) || !finishAll(subs, ctx.Done()) {
+	if !drained {
 		b.abort(errShutdown)
 		dctx, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
 		defer cancel()
@@ -200,7 +206,7 @@ func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 	t := s.t
 	s.take(errUnsubscribed)
 	t.leave(s) // owed: every message accepted before this call
-	if !s.finish(ctx.Done()) {
+	if !s.drain(ctx) {
 		s.cancel(errUnsubscribed)
 		if context.Cause(s.ctx) == errUnsubscribed { // this stop cut it off
 			dctx, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
@@ -315,6 +321,15 @@ func finishAll(subs []*Subscription, deadline <-chan struct{}) bool {
 		}
 	}
 	return true
+}
+
+// drain is finish until ctx ends or a stop cuts the subscription off:
+// false then.
+func (s *Subscription) drain(ctx context.Context) bool {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.ctx, cancel)()
+	return s.finish(wctx.Done())
 }
 
 // finish waits until what ends the subscription's messages is done — its
