@@ -283,7 +283,11 @@ func (s *Subscription) addResult(de *DrainError, cause error) {
 // the time it is given: false if that came first. When it returns, each
 // of subs is stopped (its stopped channel closed).
 func endCutOff(subs []*Subscription, handlers, deadline <-chan struct{}, others func(<-chan struct{}) bool) {
-	if !others(handlers) || !finishAll(subs, handlers) {
+	done := others(handlers)
+	for _, s := range subs {
+		done = done && s.finish(handlers)
+	}
+	if !done {
 		for _, s := range subs {
 			s.abandon()
 		}
@@ -311,16 +315,6 @@ func waitOr(ch, deadline <-chan struct{}) bool {
 	case <-deadline:
 		return false
 	}
-}
-
-// finishAll is finish for each of subs, until deadline.
-func finishAll(subs []*Subscription, deadline <-chan struct{}) bool {
-	for _, s := range subs {
-		if !s.finish(deadline) {
-			return false
-		}
-	}
-	return true
 }
 
 // drain is finish until ctx ends or a stop cuts the subscription off:
