@@ -24,7 +24,8 @@ import (
 // given up on: each such call counts in DrainError.Abandoned and is
 // logged at Error, and the messages it held count as dead letters no
 // store took (DrainError.Lost). The stores' calls of a stop get a ctx
-// that ends one grace after its deadline.
+// that ends one grace after its deadline. Over a Transport, its Stop and
+// Close calls have the same deadline.
 const ShutdownGrace = 250 * time.Millisecond
 
 // handlerGrace is the handlers' part of ShutdownGrace; the rest is for the

@@ -196,3 +196,32 @@ func TestCloseCutsOffFirstThenUnsubscribeCountsInCloseOnly(t *testing.T) {
 		requireConserved(t, b.Stats())
 	})
 }
+
+// When an Unsubscribe's ctx ends first, it owns the subscription's counts,
+// and a Close without a deadline called meanwhile returns once that
+// Unsubscribe has ended it (by its deadline), though the handler it
+// abandoned never returns; Close counts nothing of it.
+func TestUnsubscribeCutsOffFirstThenCloseWaitsForIt(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		release := make(chan struct{})
+		b := newTestBroker(t)
+		sub, err := b.Subscribe("t", "s", func(context.Context, Message) error {
+			<-release // ignores its context
+			return nil
+		})
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 2) // m-0 runs, m-1 waits
+		idle()
+		start := time.Now()
+		unsubbed := make(chan *DrainError, 1)
+		go func() { unsubbed <- stopWithin(t, time.Second, sub.Unsubscribe) }()
+		time.Sleep(time.Second + ShutdownGrace/10) // the Unsubscribe cut the subscription off
+		require.NoError(t, b.Close(context.Background()), "the Unsubscribe's counts, not Close's")
+		assert.LessOrEqual(t, time.Since(start), time.Second+ShutdownGrace, "returned by the Unsubscribe's deadline")
+		de := <-unsubbed
+		assert.Equal(t, DrainError{Reason: ReasonUnsubscribed, DeadLettered: 2, Abandoned: 1, Err: context.DeadlineExceeded}, *de)
+		close(release)
+		idle()
+		requireConserved(t, b.Stats())
+	})
+}
