@@ -47,7 +47,8 @@ var (
 // DrainError is returned by Close and Unsubscribe when their context ended
 // before every queued message was finished: the rest were dead-lettered.
 // It is also returned when dead letters were lost during the stop (Lost),
-// the dead-letter store refusing them until the deadline. It unwraps to
+// the dead-letter store refusing them until the deadline, and when the
+// stop abandoned plugged-in code (Abandoned). It unwraps to
 // the context's error, so errors.Is(err, context.DeadlineExceeded) works;
 // use errors.As to read the counts.
 type DrainError struct {

@@ -134,7 +134,7 @@ func (b *Broker) Close(ctx context.Context) error {
 	for _, t := range topics {
 		t.deactivate()
 	}
-	if de.DeadLettered > 0 || de.Lost > 0 {
+	if de.DeadLettered > 0 || de.Lost > 0 || de.Abandoned > 0 {
 		de.Reason, de.Err = ReasonShutdown, ctx.Err()
 		b.closeErr = &de
 	}
@@ -246,7 +246,7 @@ func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 	}
 	t.mu.Unlock()
 	var de DrainError
-	if s.addResult(&de, errUnsubscribed); de.DeadLettered > 0 || de.Lost > 0 {
+	if s.addResult(&de, errUnsubscribed); de.DeadLettered > 0 || de.Lost > 0 || de.Abandoned > 0 {
 		de.Reason, de.Err = ReasonUnsubscribed, ctx.Err()
 		return &de
 	}

@@ -225,3 +225,32 @@ func TestUnsubscribeCutsOffFirstThenCloseWaitsForIt(t *testing.T) {
 		requireConserved(t, b.Stats())
 	})
 }
+
+// A stop that abandoned a call says so, though every message was
+// delivered: the one message's worker is stuck in the Observer's event
+// after its delivery.
+func TestStopThatOnlyAbandonedSaysSo(t *testing.T) {
+	for _, viaClose := range []bool{true, false} {
+		t.Run(fmt.Sprintf("close=%v", viaClose), func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				release := make(chan struct{})
+				b := newTestBroker(t, WithObserver(stuckObserver{release: release}))
+				sub, err := b.Subscribe("t", "s", func(context.Context, Message) error { return nil })
+				require.NoError(t, err)
+				publishN(t, b, "t", "m", 1)
+				idle()
+				stop, reason := sub.Unsubscribe, ReasonUnsubscribed
+				if viaClose {
+					stop, reason = b.Close, ReasonShutdown
+				}
+				de := stopWithin(t, time.Second, stop)
+				assert.Equal(t, DrainError{Reason: reason, Abandoned: 1, Err: context.DeadlineExceeded}, *de)
+				close(release)
+				idle()
+				if !viaClose {
+					require.NoError(t, b.Close(context.Background()))
+				}
+			})
+		})
+	}
+}
