@@ -34,7 +34,7 @@ type Broker struct {
 
 	abortCtx context.Context         // parent of every subscription's context
 	abort    context.CancelCauseFunc // cancels it with errShutdown
-	wg       sync.WaitGroup          // dispatchers and shedders, each deferring its Done (workers: Subscription.ws)
+	wg       sync.WaitGroup          // dispatchers and shedders, each deferring its Done (workers: worker.done)
 
 	dlq    guardedDLQ       // cfg.dlq, guarded against panics
 	dedup  IdempotencyStore // cfg.dedup, guarded against panics (unless it is the default kind)
@@ -43,14 +43,8 @@ type Broker struct {
 	guard  guard
 	panics *atomic.Uint64 // panics of plugged-in code (the logger's included), recovered
 
-	closeDone   chan struct{} // closed when the first Close returned
-	closeErr    error         // the first Close's result, set before closeDone is closed
-	shutdownDLs atomic.Int64  // dead letters with reason "shutdown"
-	abandoned   atomic.Int64  // handlers Close abandoned
-	lost        atomic.Int64  // dead letters the store refused for good, outside an Unsubscribe
-	unsubMu     sync.Mutex    // guards the two below
-	unsubs      int           // Unsubscribes in progress (startUnsubscribe)
-	unsubsIdle  chan struct{} // closed when unsubs drops to 0, for Close to wait
+	closeDone chan struct{} // closed when the first Close returned
+	closeErr  error         // the first Close's result, set before closeDone is closed
 
 	remote *remote // the transport's side, when one was given (WithTransport); nil: in-memory
 

@@ -89,8 +89,7 @@ func (f DeadLetterFilter) Validate() error {
 // The broker calls Put from delivery goroutines, so a slow Put slows that
 // subscriber. Put's context is never cancelled while the subscriber runs;
 // once a Close or Unsubscribe context ends, it ends 2×ShutdownGrace later
-// (the stop's deadline: a grace for the handlers, one for the stop's own
-// dead letters), its cause matching ErrClosed or
+// (one grace after the stop's deadline), its cause matching ErrClosed or
 // ErrUnsubscribed. A Put that waits for a backend must return when its
 // context ends: that is what lets Close and Unsubscribe return soon after
 // their context ends. A Put that fails is retried with backoff while the

@@ -47,7 +47,8 @@ var (
 // DrainError is returned by Close and Unsubscribe when their context ended
 // before every queued message was finished: the rest were dead-lettered.
 // It is also returned when dead letters were lost during the stop (Lost),
-// the dead-letter store refusing them until the deadline. It unwraps to
+// the dead-letter store refusing them until the deadline, and when the
+// stop abandoned plugged-in code (Abandoned). It unwraps to
 // the context's error, so errors.Is(err, context.DeadlineExceeded) works;
 // use errors.As to read the counts.
 type DrainError struct {
@@ -55,20 +56,20 @@ type DrainError struct {
 	DeadLettered int    // messages dead-lettered with Reason (lost ones included)
 	// Abandoned is how many calls of plugged-in code the stop gave up on:
 	// handlers (middleware included), store methods and Observer hooks
-	// still running ShutdownGrace after the handlers' context was
-	// cancelled, and any still running at the stop's deadline
-	// (2×ShutdownGrace, see ShutdownGrace). Those calls were left running,
-	// and what they return is logged and ignored. An abandoned handler's
-	// message is dead-lettered; the messages a call abandoned at the
-	// deadline held count as Lost.
+	// still running four fifths of ShutdownGrace after the handlers'
+	// context was cancelled, and any still running at the stop's deadline
+	// (ShutdownGrace after its ctx ended, see ShutdownGrace). Those calls
+	// were left running, and what they return is logged and ignored. An
+	// abandoned handler's message is dead-lettered; the messages a call
+	// abandoned at the deadline held count as Lost.
 	Abandoned int
 	// Lost is how many dead letters (with any reason) the store refused
 	// during the stop, until its deadline or for good (ErrDeadLetterRefused):
 	// those messages are in no store and no queue. Each was logged at Error
 	// with every field and is counted in Stats' DeadLetterErrors. A loss
 	// counts in one stop's DrainError: when Close and an Unsubscribe meet,
-	// the one that cut the subscription off (else the Unsubscribe). The stop
-	// waits at most ShutdownGrace more for the shedder (WhenLaneFull) to
+	// the one that cut the subscription off (else the one called first).
+	// The stop waits until its deadline for the shedder (WhenLaneFull) to
 	// give up the shed messages it holds; one still in a Put then is only
 	// logged and counted in DeadLetterErrors. With a Transport it is 0:
 	// unfinished messages stay with the transport.

@@ -12,20 +12,25 @@ import (
 // when they cut off (the dead letters they write and count), and how they
 // abandon a handler that ignores its cancelled context.
 
-// ShutdownGrace is how long Close and Unsubscribe wait, once their context
-// ended and they cancelled the handlers' contexts, for the handlers to
-// return. A handler still running then is abandoned: its message is
-// dead-lettered (counted in DrainError.Abandoned), and what it returns
-// later is logged and ignored. So is other plugged-in code (middleware, a
-// store method, an Observer hook) still running then.
-//
-// A stop has one deadline: 2×ShutdownGrace after its context ended (one
-// grace for the handlers, one for the dead letters of what it cut off and
-// abandoned), when the stores' ctx ends too. By then Close and Unsubscribe
-// return, whatever plugged-in code does: a call still running is
-// abandoned (counted in DrainError.Abandoned, logged at Error), and the
-// messages it held count as dead letters no store took (DrainError.Lost).
+// ShutdownGrace is how long after their context ended Close and
+// Unsubscribe return at the latest, whatever plugged-in code does: a
+// stop has one deadline, its ctx, then this grace. When ctx ends they
+// cancel the handlers' contexts; the handlers then have four fifths of
+// the grace to return. A handler still running then is abandoned: its
+// message is dead-lettered in the rest of the grace (counted in
+// DrainError.Abandoned), and what it returns later is logged and
+// ignored. So is other plugged-in code (middleware, a store method, an
+// Observer hook) still running then. What still runs at the deadline is
+// given up on: each such call counts in DrainError.Abandoned and is
+// logged at Error, and the messages it held count as dead letters no
+// store took (DrainError.Lost). The stores' calls of a stop get a ctx
+// that ends one grace after its deadline. Over a Transport, its Stop and
+// Close calls have the same deadline.
 const ShutdownGrace = 250 * time.Millisecond
+
+// handlerGrace is the handlers' part of ShutdownGrace; the rest is for the
+// dead letters of what the stop abandoned then.
+const handlerGrace = ShutdownGrace - ShutdownGrace/5
 
 // Close shuts the broker down accounting for every message: each one ends
 // delivered, or as a dead letter with a reason — which is not the same as
@@ -33,7 +38,7 @@ const ShutdownGrace = 250 * time.Millisecond
 // everything queued, retries included (under the default policy a failing
 // message may take 6 s more), until ctx ends. If ctx ends first, it
 // cancels the running handlers' contexts (their context.Cause matches
-// ErrClosed), waits at most ShutdownGrace for them to return, and puts
+// ErrClosed), waits a part of ShutdownGrace for them to return, and puts
 // every unfinished message into the dead-letter store with reason
 // "shutdown"; it then returns a *DrainError saying how many (it unwraps to
 // ctx's error). The default store is in memory and goes with the process:
@@ -42,15 +47,16 @@ const ShutdownGrace = 250 * time.Millisecond
 // redrive them after the restart (RedriveMatching with Reason
 // "shutdown"). Like
 // http.Server.Shutdown, it honours its context: a handler that ignores its
-// own is abandoned after the grace, and it returns by its deadline, 2×
-// ShutdownGrace after ctx ended, whatever plugged-in code does (see
-// ShutdownGrace). The calls it abandoned are the only goroutines of the
-// broker that may outlive Close (with a dispatcher stuck in one).
+// own is abandoned, and it returns by ShutdownGrace after ctx ended,
+// whatever plugged-in code does (see ShutdownGrace). The calls it
+// abandoned are the only goroutines of the broker that may outlive Close
+// (with a dispatcher stuck in one).
 // Otherwise every goroutine of the broker has ended when Close returns,
 // and no attempt starts after it.
 //
-// Close also waits for the Unsubscribes in progress, so that no dead letter
-// of theirs comes after it returns.
+// Close also waits for the Unsubscribes that stopped their subscription
+// at once (until its own deadline), so that no dead letter of theirs
+// comes after it returns; their counts are in their own DrainError.
 //
 // Close must not be called from a handler of this broker without a
 // deadline: it would wait for that handler to return. Calling Close again
@@ -78,60 +84,59 @@ func (b *Broker) Close(ctx context.Context) error {
 		close(b.closeDone)
 		return b.closeErr
 	}
-	lostBefore := b.lost.Load()
+	var subs []*Subscription // every subscription: none is added once closed
+	for _, t := range topics {
+		subs = append(subs, t.activeSubs()...)
+	}
+	for _, s := range subs {
+		s.take(errShutdown)
+	}
 	for _, t := range topics {
 		t.q.Close()
 	}
-	drained := make(chan struct{})
-	go func() { // ends when every dispatcher, shedder, worker and Redrive has (or a worker was abandoned)
+	dispatched := make(chan struct{})
+	go func() { // ends when every dispatcher, shedder and Redrive has
 		b.wg.Wait()
-		for _, t := range topics {
-			for _, s := range t.activeSubs() {
-				<-s.done
-			}
-		}
 		b.redrive <- struct{}{} // taken for good: later Redrives see closeDone
-		close(drained)
+		close(dispatched)
 	}()
-	var deadline <-chan struct{} // the stop's deadline, once ctx ended
-	select {
-	case <-drained:
-	case <-ctx.Done():
+	drained := waitOr(dispatched, ctx.Done())
+	for _, s := range subs {
+		// One that its Unsubscribe cuts off meanwhile is that stop's, waited
+		// for below.
+		drained = drained && (s.drain(ctx) || ctx.Err() == nil)
+	}
+	var deadline <-chan struct{} // the stop's, once ctx ended
+	if !drained {
 		b.abort(errShutdown)
-		dctx, cancel := context.WithTimeout(context.Background(), stopDeadline)
+		dctx, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
 		defer cancel()
+		hctx, hcancel := context.WithTimeout(dctx, handlerGrace)
+		defer hcancel()
 		deadline = dctx.Done()
-		var subs []*Subscription
-		for _, t := range topics {
-			subs = append(subs, t.activeSubs()...)
-		}
+		var own []*Subscription // those Close cut off
 		for _, s := range subs {
-			s.stopNow()
-		}
-		grace := time.NewTimer(ShutdownGrace)
-		select {
-		case <-drained:
-		case <-grace.C:
-			for _, s := range subs {
-				s.abandon()
+			if context.Cause(s.ctx) == errShutdown {
+				own = append(own, s)
+				s.stopNow()
 			}
 		}
-		grace.Stop()
-		select {
-		case <-drained: // the dispatchers' cut-offs included
-		case <-deadline: // a dispatcher stuck in plugged-in code is left behind
-		}
-		for _, s := range subs {
-			s.finishBy(deadline)
-		}
+		endCutOff(own, hctx.Done(), deadline, func(by <-chan struct{}) bool { return waitOr(dispatched, by) })
 	}
-	b.waitUnsubscribes(deadline) // also a cut-off an Unsubscribe began
-	b.abort(errShutdown)         // release the context's resources
+	var de DrainError
+	for _, s := range subs {
+		if context.Cause(s.ctx) == errUnsubscribed {
+			waitOr(s.stopped, deadline) // its Unsubscribe cut it off and ends it
+		}
+		s.addResult(&de, errShutdown)
+	}
+	b.abort(errReleased) // release the contexts' resources (a graceful end, unless cut off)
 	for _, t := range topics {
 		t.deactivate()
 	}
-	if n, lost := b.shutdownDLs.Load(), b.lost.Load()-lostBefore; n > 0 || lost > 0 {
-		b.closeErr = &DrainError{Reason: ReasonShutdown, DeadLettered: int(n), Abandoned: int(b.abandoned.Load()), Lost: int(lost), Err: ctx.Err()}
+	if de.DeadLettered > 0 || de.Lost > 0 || de.Abandoned > 0 {
+		de.Reason, de.Err = ReasonShutdown, ctx.Err()
+		b.closeErr = &de
 	}
 	b.logs.flush()
 	close(b.closeDone)
@@ -143,20 +148,20 @@ func (b *Broker) Close(ctx context.Context) error {
 // Unsubscribe takes from it and counts in its DrainError; only if the
 // dispatcher stays inside plugged-in code (an Observer, a store, the
 // logger, or a dead-letter Put retried through a store outage) for the
-// whole ShutdownGrace does the dispatcher dead-letter them itself,
-// uncounted, after Unsubscribe returned.
+// whole handlers' part of ShutdownGrace does the dispatcher dead-letter
+// them itself, uncounted, after Unsubscribe returned.
 
 // Unsubscribe stops the subscriber and finishes its work. Every message
 // accepted by Publish before the call is owed to it, even those the
 // topic's dispatcher had not reached yet: Unsubscribe delivers them (with
 // their retries) until ctx ends. Then it cancels the running handlers'
-// contexts (their cause matches ErrUnsubscribed), waits at most
+// contexts (their cause matches ErrUnsubscribed), waits a part of
 // ShutdownGrace for them, and dead-letters every unfinished message with
 // reason "unsubscribed", returning a *DrainError that says how many. As
 // Close does, it abandons a handler that ignores its context (its message
 // is dead-lettered and counted in DrainError.Abandoned), and it returns by
-// its deadline, 2×ShutdownGrace after ctx ended, whatever plugged-in code
-// does (see ShutdownGrace).
+// ShutdownGrace after ctx ended, whatever plugged-in code does (see
+// ShutdownGrace).
 //
 // When it returns, no handler of this subscription runs (an abandoned call
 // aside) and its name is free on the topic. Do not call it from one of
@@ -200,49 +205,35 @@ func (s *Subscription) endOnce(ctx context.Context, end func() error) error {
 // unsubscribeInMemory is Unsubscribe with the in-memory transport.
 func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 	t := s.t
-	s.b.startUnsubscribe()
-	s.leaving.Store(true)
-	defer s.b.endUnsubscribe()
-	lostBefore := s.lost.Load()
+	s.take(errUnsubscribed)
 	t.leave(s) // owed: every message accepted before this call
-	select {
-	case <-s.done:
-		if stoppedAtOnce(s.ctx) { // Close's deadline passed meanwhile: its dead letters end before this returns
-			dctx, cancel := context.WithTimeout(context.Background(), stopDeadline)
-			s.stopNow()
-			s.finishBy(dctx.Done())
-			cancel()
-		}
-	case <-ctx.Done():
+	if !s.drain(ctx) {
 		s.cancel(errUnsubscribed)
-		dctx, cancel := context.WithTimeout(context.Background(), stopDeadline)
-		defer cancel()
-		s.stopNow()
-		// Owed messages the dispatcher has not routed yet (it may wait for
-		// room in another subscriber's lane) are dead-lettered here, so that
-		// the DrainError counts them; then the handlers have the rest of
-		// the grace to return.
-		grace := time.NewTimer(ShutdownGrace)
-		owed, claimed := t.claimOwed(s, grace.C)
-		jobs := make([]cutJob, len(owed))
-		for i := range owed {
-			jobs[i] = cutJob{it: laneItem{env: owed[i]}, kind: cutUnrouted}
-		}
-		s.cutBy(jobs, false)
-		if claimed {
-			select {
-			case <-s.done:
-			case <-grace.C:
-				s.abandon()
+		if context.Cause(s.ctx) == errUnsubscribed { // this stop cut it off
+			dctx, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
+			defer cancel()
+			hctx, hcancel := context.WithTimeout(dctx, handlerGrace)
+			defer hcancel()
+			s.stopNow()
+			// Owed messages the dispatcher has not routed yet (it may wait for
+			// room in another subscriber's lane) are dead-lettered here, so that
+			// the DrainError counts them; if the dispatcher stayed busy (in an
+			// Observer or a store) for the handlers' part of the grace, what it
+			// routes s from now on it dead-letters itself, after Unsubscribe
+			// returned.
+			grace := time.NewTimer(handlerGrace) // hctx's, as claimOwed takes it
+			owed, claimed := t.claimOwed(s, grace.C)
+			grace.Stop()
+			jobs := make([]cutJob, len(owed))
+			for i := range owed {
+				jobs[i] = cutJob{it: laneItem{env: owed[i]}, kind: cutUnrouted}
 			}
-		} else {
-			// The dispatcher stayed busy (in an Observer or a store) for the
-			// whole grace: what it routes s from now on, it dead-letters
-			// itself, after Unsubscribe returned.
-			s.abandon()
+			s.cutBy(jobs, false)
+			endCutOff([]*Subscription{s}, hctx.Done(), dctx.Done(), func(<-chan struct{}) bool { return claimed })
 		}
-		grace.Stop()
-		s.finishBy(dctx.Done()) // Close's cut-off too, and the shedder's batch
+	}
+	if context.Cause(s.ctx) == errShutdown {
+		<-s.stopped // Close cut it off first: it ends it by its deadline
 	}
 	s.cancel(errReleased) // no-op after an abort; else marks a graceful end
 	t.mu.Lock()
@@ -254,28 +245,127 @@ func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 		t.kickDispatcher() // it may retire the topic now
 	}
 	t.mu.Unlock()
-	if n, lost := s.unsubDLs.Load(), s.lost.Load()-lostBefore; n > 0 || lost > 0 {
-		return &DrainError{Reason: ReasonUnsubscribed, DeadLettered: int(n), Abandoned: int(s.abandoned.Load()), Lost: int(lost), Err: ctx.Err()}
+	var de DrainError
+	if s.addResult(&de, errUnsubscribed); de.DeadLettered > 0 || de.Lost > 0 || de.Abandoned > 0 {
+		de.Reason, de.Err = ReasonUnsubscribed, ctx.Err()
+		return &de
 	}
 	return nil
 }
 
-// stopDeadline is how long after its ctx ended a stop returns at the
-// latest, whatever plugged-in code does: ShutdownGrace for the handlers,
-// then one more for the dead letters of what it cut off and abandoned
-// (the stores' ctx ends then too, see storeContext).
-const stopDeadline = 2 * ShutdownGrace
+// take makes the stop of cause (errShutdown: Close; errUnsubscribed:
+// Unsubscribe) the subscription's, unless another stop took it first: its
+// counts start now.
+func (s *Subscription) take(cause error) {
+	s.takeOnce.Do(func() { s.takenBy, s.lostBefore = cause, s.lost.Load() })
+}
+
+// addResult adds the subscription's counts to de if the stop of cause
+// owns them: the stop that cut it off; if none did, the stop that took it
+// first.
+func (s *Subscription) addResult(de *DrainError, cause error) {
+	owner := context.Cause(s.ctx)
+	if owner != errShutdown && owner != errUnsubscribed {
+		owner = s.takenBy
+	}
+	if owner == cause {
+		de.DeadLettered += int(s.stopDLs.Load())
+		de.Abandoned += int(s.abandoned.Load())
+		de.Lost += int(s.lost.Load() - s.lostBefore)
+	}
+}
+
+// endCutOff ends subs, which a stop cut off when its ctx ended (their
+// contexts cancelled with its cause, their lanes stopped), by the stop's
+// deadline: the handlers have until handlers to return, then the workers
+// still inside plugged-in code are abandoned and their messages
+// dead-lettered; at deadline, what still runs is given up on. others
+// waits for the stop's other goroutines (Close: the dispatchers) until
+// the time it is given: false if that came first. When it returns, each
+// of subs is stopped (its stopped channel closed).
+func endCutOff(subs []*Subscription, handlers, deadline <-chan struct{}, others func(<-chan struct{}) bool) {
+	done := others(handlers)
+	for _, s := range subs {
+		done = done && s.finish(handlers)
+	}
+	if !done {
+		for _, s := range subs {
+			s.abandon()
+		}
+	}
+	others(deadline)
+	for _, s := range subs {
+		if !s.finish(deadline) {
+			s.giveUp()
+		}
+		close(s.stopped)
+	}
+}
+
+// waitOr waits until ch or deadline (nil: none) is closed: false if
+// deadline was, ch not.
+func waitOr(ch, deadline <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+	}
+	select {
+	case <-ch:
+		return true
+	case <-deadline:
+		return false
+	}
+}
+
+// drain is finish until ctx ends or a stop cuts the subscription off:
+// false then.
+func (s *Subscription) drain(ctx context.Context) bool {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.ctx, cancel)()
+	return s.finish(wctx.Done())
+}
+
+// finish waits until what ends the subscription's messages is done — its
+// workers (those abandoned aside), its cutters and the shedder's batch —
+// or until deadline: false then.
+func (s *Subscription) finish(deadline <-chan struct{}) bool {
+	for {
+		var w *worker
+		s.wmu.Lock()
+		for k := range s.ws {
+			if !k.h.abandoned() {
+				w = k
+				break
+			}
+		}
+		s.wmu.Unlock()
+		if w == nil {
+			break
+		}
+		if !waitOr(w.done, deadline) {
+			return false
+		}
+	}
+	s.wmu.Lock()
+	cutters := slices.Clone(s.cutters)
+	s.wmu.Unlock()
+	for _, c := range cutters {
+		if !waitOr(c.done, deadline) {
+			return false
+		}
+	}
+	done := s.lane.shedderDone()
+	return done == nil || waitOr(done, deadline)
+}
 
 // stopNow hands every message waiting in the lane to a cutter, which
 // dead-letters them, after the subscription's context was cancelled with
 // the reason: the workers return after their current attempt.
 //
-// The first call (Close's or Unsubscribe's) does it; a later one returns
-// at once.
+// Only the stop that cut the subscription off calls it.
 func (s *Subscription) stopNow() {
-	if !s.cutting.CompareAndSwap(false, true) {
-		return
-	}
 	items, overflowed := s.lane.stop(func(n int) { s.c.inFlight.Add(int64(n)) })
 	jobs := make([]cutJob, 0, len(items)+len(overflowed))
 	for i := range overflowed {
@@ -312,7 +402,7 @@ type cutter struct {
 }
 
 // cutBy ends jobs in a cutter: a goroutine of its own, or (inline) the
-// caller's. finishBy waits for it.
+// caller's. The stop waits for it (finish).
 func (s *Subscription) cutBy(jobs []cutJob, inline bool) {
 	if len(jobs) == 0 {
 		return
@@ -357,47 +447,14 @@ func (s *Subscription) cut(c *cutter) {
 	}
 }
 
-// finishBy waits until the subscription's workers and cutters are done
-// (and the shedder's batch), or deadline: then it gives up on those left,
-// counting what they held as dead letters no store took (lost) and each
-// one inside plugged-in code as abandoned. What they do later is
-// ignored.
-func (s *Subscription) finishBy(deadline <-chan struct{}) {
-	expired := false
-	wait := func(ch <-chan struct{}) {
-		if !expired {
-			select {
-			case <-ch:
-			case <-deadline:
-				expired = true
-			}
-		}
-	}
-	wait(s.done)
+// giveUp gives up, at the stop's deadline, on the subscription's workers
+// and cutters still running: what they held counts as dead letters no
+// store took (lost), and each one inside plugged-in code as abandoned.
+// What they do later is ignored.
+func (s *Subscription) giveUp() {
 	s.wmu.Lock()
 	cutters := slices.Clone(s.cutters)
 	s.wmu.Unlock()
-	for _, c := range cutters {
-		wait(c.done)
-	}
-	// The shedder finishes the batch it took before the stop, giving up at
-	// once a put the store fails (a loss), so that the DrainError counts
-	// those losses: it gets a grace; one still in a Put then is only
-	// logged, and its dead letter is stored if the store takes it before
-	// the stores' ctx ends.
-	if done := s.lane.shedderDone(); done != nil && !expired {
-		grace := time.NewTimer(ShutdownGrace)
-		select {
-		case <-done:
-		case <-grace.C:
-		case <-deadline:
-			expired = true
-		}
-		grace.Stop()
-	}
-	if !expired {
-		return
-	}
 	reason := abortReason(s.ctx)
 	for _, c := range cutters {
 		if w, from, n, ok := c.h.abandon(false); ok {
@@ -426,7 +483,6 @@ func (s *Subscription) finishBy(deadline <-chan struct{}) {
 			}
 			s.gaveUp(w, ids)
 		}
-		s.dropWorker(wk)
 	}
 }
 
@@ -442,7 +498,7 @@ func (s *Subscription) lostAtDeadline(reason string) {
 // (w: its hand's word then), with the IDs of the messages it held.
 func (s *Subscription) gaveUp(w uint64, ids []string) {
 	if w&handPlug != 0 {
-		s.countAbandoned()
+		s.abandoned.Add(1)
 	}
 	if len(ids) > 0 || w&handPlug != 0 {
 		s.b.cfg.logger.LogAttrs(context.Background(), slog.LevelError,
@@ -453,78 +509,25 @@ func (s *Subscription) gaveUp(w uint64, ids []string) {
 	}
 }
 
-// startUnsubscribe counts an Unsubscribe in progress, for Close to wait
-// for (waitUnsubscribes); endUnsubscribe counts it done.
-func (b *Broker) startUnsubscribe() {
-	b.unsubMu.Lock()
-	b.unsubs++
-	b.unsubMu.Unlock()
-}
-
-func (b *Broker) endUnsubscribe() {
-	b.unsubMu.Lock()
-	defer b.unsubMu.Unlock()
-	if b.unsubs--; b.unsubs == 0 && b.unsubsIdle != nil {
-		close(b.unsubsIdle)
-		b.unsubsIdle = nil
-	}
-}
-
-// waitUnsubscribes waits until no Unsubscribe is in progress, so that none
-// of their dead letters comes after Close returns, or until deadline
-// (nil: none). Each ends by its own deadline, and soon once Close stopped
-// every subscription.
-func (b *Broker) waitUnsubscribes(deadline <-chan struct{}) {
-	b.unsubMu.Lock()
-	if b.unsubs == 0 {
-		b.unsubMu.Unlock()
-		return
-	}
-	if b.unsubsIdle == nil {
-		b.unsubsIdle = make(chan struct{})
-	}
-	idle := b.unsubsIdle
-	b.unsubMu.Unlock()
-	select {
-	case <-idle:
-	case <-deadline:
-	}
-}
-
-// countAbandoned counts a handler a stop abandoned, for its DrainError.
-func (s *Subscription) countAbandoned() {
-	if abortReason(s.ctx) == ReasonUnsubscribed {
-		s.abandoned.Add(1)
-	} else {
-		s.b.abandoned.Add(1)
-	}
-}
-
-// countDeadLetter counts a dead letter by reason, and a lost one for the
-// one stop it belongs to: the stop that cut the subscription off, else its
-// Unsubscribe if one runs, else Close.
+// countDeadLetter counts a dead letter by reason (and whether no store
+// took it), for the DrainError of the stop that owns the subscription's
+// counts (see addResult).
 func (s *Subscription) countDeadLetter(reason string, lost bool) {
 	if lost {
-		if stoppedAtOnce(s.ctx) && abortReason(s.ctx) == ReasonUnsubscribed || !stoppedAtOnce(s.ctx) && s.leaving.Load() {
-			s.lost.Add(1)
-		} else {
-			s.b.lost.Add(1)
-		}
+		s.lost.Add(1)
 	}
-	switch reason {
-	case ReasonUnsubscribed:
-		s.unsubDLs.Add(1)
-	case ReasonShutdown:
-		s.b.shutdownDLs.Add(1)
+	if reason == ReasonShutdown || reason == ReasonUnsubscribed {
+		s.stopDLs.Add(1)
 	}
 }
 
 // abandon gives up on the workers inside plugged-in code (a handler,
-// middleware, a store, an Observer) a stop's grace after it cancelled
-// their context: the messages each held and had not ended go to a cutter
-// (the one whose handler ran is dead-lettered with the stop's reason and
-// the attempt's event), the worker is counted abandoned, and the stop
-// waits for it no longer. What it does when its call returns is ignored.
+// middleware, a store, an Observer) the handlers' part of a stop's grace
+// after it cancelled their context: the messages each held and had not
+// ended go to a cutter (the one whose handler ran is dead-lettered with
+// the stop's reason and the attempt's event), the worker is counted
+// abandoned, and the stop waits for it no longer. What it does when its
+// call returns is ignored.
 func (s *Subscription) abandon() {
 	s.wmu.Lock()
 	ws := slices.Collect(maps.Keys(s.ws))
@@ -556,14 +559,14 @@ func (s *Subscription) abandon() {
 			s.c.inFlight.Add(1)
 			jobs = append(jobs, cutJob{it: w.buf[k], kind: kind})
 		}
-		s.countAbandoned()
+		s.abandoned.Add(1)
 		s.b.cfg.logger.LogAttrs(context.Background(), slog.LevelWarn,
-			"broker: plugged-in code (a handler, middleware, a store or an Observer) had not returned ShutdownGrace after the stop "+
-				"cancelled its context: abandoned; the stop dead-letters the messages its worker held, and ignores what it returns",
+			"broker: plugged-in code (a handler, middleware, a store or an Observer) had not returned in the handlers' part of "+
+				"ShutdownGrace after the stop cancelled its context: abandoned; the stop dead-letters the messages its worker held, "+
+				"and ignores what it returns",
 			slog.String("topic", s.topicName), slog.String("subscriber", s.name), slog.String("message_id", w.buf[i].env.msg.ID),
 			slog.Bool("handler", word&handHandler != 0), slog.String("reason", abortReason(s.ctx)))
-		s.cutBy(jobs, false)
-		s.dropWorker(w) // given up on: the stops wait for it no longer
+		s.cutBy(jobs, false) // the stops wait for the worker no longer (see finish)
 	}
 }
 

@@ -31,12 +31,10 @@ type recorder struct {
 	keep bool
 }
 
-// storeGrace is how long after a stop's ctx ends the stores' calls get: the
-// handlers' ShutdownGrace, then one more for the dead letters of what the
-// stop cut off and abandoned. It is the stop's deadline (stopDeadline): a
-// store that honours its ctx returns by the time the stop gives up on the
-// calls still running.
-const storeGrace = stopDeadline
+// storeGrace is how long after a stop's ctx ends the stores' calls get:
+// the stop's deadline (ShutdownGrace), plus one grace. A store that
+// honours its ctx returns soon after the stop gave up on its call.
+const storeGrace = 2 * ShutdownGrace
 
 // storeContext is the ctx of a subscription's calls to the dead-letter and
 // idempotency stores: never cancelled while the subscription runs, it ends

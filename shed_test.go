@@ -99,8 +99,8 @@ func TestShedWhileTheStoreIsSlow(t *testing.T) {
 // Shed messages are never lost to a stop: a Close or an Unsubscribe that
 // waits dead-letters each before it returns, though the store takes longer
 // than the handlers; a Close whose context ended dead-letters what the
-// shedder had not reached (the store answering within the grace Put's
-// context gets after the deadline), still with reason "overflow" (they
+// shedder had not reached (the store answering before the stop's
+// deadline), still with reason "overflow" (they
 // were shed, not cut off), and does not count them in its DrainError.
 func TestShedMessagesAtClose(t *testing.T) {
 	for _, stop := range []string{"close", "close at once", "unsubscribe"} {
@@ -126,8 +126,8 @@ func TestShedMessagesAtClose(t *testing.T) {
 				idle()
 				require.Equal(t, 1, store.started())
 				storeLate := 2 * time.Minute
-				if stop == "close at once" { // the store answers within the grace its ctx gets after the stop's deadline
-					storeLate = ShutdownGrace
+				if stop == "close at once" { // the store answers before the stop's deadline
+					storeLate = ShutdownGrace / 2
 				}
 				go func() { // the handlers finish before the store answers
 					time.Sleep(storeLate / 2)

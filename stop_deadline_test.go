@@ -12,9 +12,9 @@ import (
 )
 
 // This file tests the stop's one deadline: whatever plugged-in code does,
-// Close and Unsubscribe return by their ctx plus 2×ShutdownGrace (one
-// grace for the handlers, one for the dead letters of what the stop cut
-// off), with what they gave up on counted once in the *DrainError.
+// Close and Unsubscribe return by their ctx plus ShutdownGrace (most of it
+// for the handlers, the rest for the dead letters of what the stop
+// abandoned), with what they gave up on counted once in the *DrainError.
 
 // stuckStore is a dead-letter store whose Put never returns until release
 // is closed, whatever its ctx says.
@@ -38,6 +38,25 @@ func (d stuckDedup) Seen(context.Context, DeliveryKey) (bool, error) {
 }
 
 func (d stuckDedup) Record(context.Context, DeliveryKey) error { return nil }
+
+// stuckRecord is an idempotency store whose Record never returns until
+// release is closed.
+type stuckRecord struct{ release <-chan struct{} }
+
+func (stuckRecord) Seen(context.Context, DeliveryKey) (bool, error) { return false, nil }
+
+func (d stuckRecord) Record(context.Context, DeliveryKey) error {
+	<-d.release
+	return nil
+}
+
+// runningWorkers is how many worker goroutines of s still run (abandoned
+// ones included: each drops itself when it returns).
+func runningWorkers(s *Subscription) int {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return len(s.ws)
+}
 
 // stuckObserver's Attempted never returns until release is closed.
 type stuckObserver struct {
@@ -70,6 +89,11 @@ func TestStopEndsByItsDeadlineWhateverPluginsDo(t *testing.T) {
 		{"idempotency store Seen", func(r chan struct{}) []Option {
 			return []Option{WithIdempotencyStore(stuckDedup{r})}
 		}, nil, func(context.Context, Message) error { return nil }, 3, 3, 3},
+		// m-0's handler returned, but its delivery never ended (Record
+		// did not return): it is dead-lettered with the others.
+		{"idempotency store Record", func(r chan struct{}) []Option {
+			return []Option{WithIdempotencyStore(stuckRecord{r})}
+		}, nil, func(context.Context, Message) error { return nil }, 1, 3, 0},
 		// m-0 was delivered: its worker is stuck in the event after.
 		{"observer hook", func(r chan struct{}) []Option {
 			return []Option{WithObserver(stuckObserver{release: r})}
@@ -114,19 +138,21 @@ func TestStopEndsByItsDeadlineWhateverPluginsDo(t *testing.T) {
 					}
 					start := time.Now()
 					de := stopWithin(t, time.Second, stop)
-					assert.LessOrEqual(t, time.Since(start), time.Second+2*ShutdownGrace, "returned by the stop's deadline")
+					assert.LessOrEqual(t, time.Since(start), time.Second+ShutdownGrace, "returned by the stop's deadline")
 					assert.Equal(t, p.abandoned, de.Abandoned, "each call given up on, once")
 					assert.Equal(t, p.dead, de.DeadLettered, "every message not delivered ended at the stop")
 					assert.Equal(t, p.lost, de.Lost)
-					assert.Len(t, lines.matching("WARN", "had not returned ShutdownGrace", "subscriber=s", "message_id=m-0"), 1, "the grace's abandonment, logged")
+					assert.Len(t, lines.matching("WARN", "had not returned in the handlers' part of ShutdownGrace", "subscriber=s", "message_id=m-0"), 1, "the grace's abandonment, logged")
 					if p.lost > 0 {
 						assert.NotEmpty(t, lines.matching("ERROR", "deadline passed", "subscriber=s"), "the deadline's, logged")
 					}
 					st := subStats(t, b, "t", "s")
 					assert.Equal(t, uint64(3), st.Delivered+st.DeadLettered+st.Deduplicated, "each message ended once: %+v", st)
+					assert.Equal(t, 1, runningWorkers(sub), "the abandoned worker runs until its call returns")
 
 					close(release) // the abandoned call returns: it is ignored
 					idle()
+					assert.Zero(t, runningWorkers(sub), "the worker dropped itself when it returned")
 					st = subStats(t, b, "t", "s")
 					assert.Equal(t, uint64(3), st.Delivered+st.DeadLettered+st.Deduplicated, "nothing counted twice: %+v", st)
 					requireConserved(t, b.Stats())
@@ -136,5 +162,95 @@ func TestStopEndsByItsDeadlineWhateverPluginsDo(t *testing.T) {
 				})
 			})
 		}
+	}
+}
+
+// When Close's ctx ends first, Close cuts the subscription off and owns
+// its counts; an Unsubscribe called then returns once Close has ended it,
+// by Close's deadline, with nothing of its own: the abandoned calls and
+// the dead letters no store took count once, in Close's DrainError.
+func TestCloseCutsOffFirstThenUnsubscribeCountsInCloseOnly(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		release := make(chan struct{})
+		b := newTestBroker(t, WithDeadLetterStore(stuckStore{NewMemoryDeadLetterStore(0, nil), release}))
+		sub, err := b.Subscribe("t", "s", func(context.Context, Message) error { return Permanent(errBoom) })
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 3) // m-0 stuck in Put, m-1 and m-2 behind it in the worker's batch
+		idle()
+		start := time.Now()
+		closed := make(chan *DrainError, 1)
+		go func() { closed <- stopWithin(t, time.Second, b.Close) }()
+		time.Sleep(time.Second + ShutdownGrace/10) // Close's ctx ended: it cut the subscription off
+		require.NoError(t, sub.Unsubscribe(context.Background()), "Close's counts, not the Unsubscribe's")
+		assert.LessOrEqual(t, time.Since(start), time.Second+ShutdownGrace, "returned by Close's deadline")
+		de := <-closed
+		assert.LessOrEqual(t, time.Since(start), time.Second+ShutdownGrace)
+		// Abandoned: the worker (at the handlers' part of the grace), then
+		// the cutter of its batch, stuck in m-0's Put again (at the deadline).
+		assert.Equal(t, DrainError{Reason: ReasonShutdown, DeadLettered: 3, Abandoned: 2, Lost: 3, Err: context.DeadlineExceeded}, *de)
+		close(release)
+		idle()
+		st := subStats(t, b, "t", "s")
+		assert.Equal(t, uint64(3), st.DeadLettered, "each message ended once: %+v", st)
+		assert.Equal(t, uint64(3), st.DeadLetterErrors)
+		requireConserved(t, b.Stats())
+	})
+}
+
+// When an Unsubscribe's ctx ends first, it owns the subscription's counts,
+// and a Close without a deadline called meanwhile returns once that
+// Unsubscribe has ended it (by its deadline), though the handler it
+// abandoned never returns; Close counts nothing of it.
+func TestUnsubscribeCutsOffFirstThenCloseWaitsForIt(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		release := make(chan struct{})
+		b := newTestBroker(t)
+		sub, err := b.Subscribe("t", "s", func(context.Context, Message) error {
+			<-release // ignores its context
+			return nil
+		})
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 2) // m-0 runs, m-1 waits
+		idle()
+		start := time.Now()
+		unsubbed := make(chan *DrainError, 1)
+		go func() { unsubbed <- stopWithin(t, time.Second, sub.Unsubscribe) }()
+		time.Sleep(time.Second + ShutdownGrace/10) // the Unsubscribe cut the subscription off
+		require.NoError(t, b.Close(context.Background()), "the Unsubscribe's counts, not Close's")
+		assert.LessOrEqual(t, time.Since(start), time.Second+ShutdownGrace, "returned by the Unsubscribe's deadline")
+		de := <-unsubbed
+		assert.Equal(t, DrainError{Reason: ReasonUnsubscribed, DeadLettered: 2, Abandoned: 1, Err: context.DeadlineExceeded}, *de)
+		close(release)
+		idle()
+		requireConserved(t, b.Stats())
+	})
+}
+
+// A stop that abandoned a call says so, though every message was
+// delivered: the one message's worker is stuck in the Observer's event
+// after its delivery.
+func TestStopThatOnlyAbandonedSaysSo(t *testing.T) {
+	for _, viaClose := range []bool{true, false} {
+		t.Run(fmt.Sprintf("close=%v", viaClose), func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				release := make(chan struct{})
+				b := newTestBroker(t, WithObserver(stuckObserver{release: release}))
+				sub, err := b.Subscribe("t", "s", func(context.Context, Message) error { return nil })
+				require.NoError(t, err)
+				publishN(t, b, "t", "m", 1)
+				idle()
+				stop, reason := sub.Unsubscribe, ReasonUnsubscribed
+				if viaClose {
+					stop, reason = b.Close, ReasonShutdown
+				}
+				de := stopWithin(t, time.Second, stop)
+				assert.Equal(t, DrainError{Reason: reason, Abandoned: 1, Err: context.DeadlineExceeded}, *de)
+				close(release)
+				idle()
+				if !viaClose {
+					require.NoError(t, b.Close(context.Background()))
+				}
+			})
+		})
 	}
 }

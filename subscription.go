@@ -36,17 +36,21 @@ type Subscription struct {
 	startAt   uint64               // the first message it is owed, when a subscription of its name was still leaving
 	left      chan struct{}        // closed when it left the routing snapshot, every owed message routed
 	wmu       sync.Mutex           // guards ws and cutters
-	ws        map[*worker]struct{} // workers a stop waits for: running, not abandoned
-	abandoned atomic.Int64         // handlers an Unsubscribe abandoned
-	done      chan struct{}        // closed when ws became empty: the last worker returned or was abandoned
-	cutting   atomic.Bool          // a stop at once cut its lane off (stopNow)
+	ws        map[*worker]struct{} // running workers, abandoned ones included (each drops itself)
 	cutters   []*cutter            // the stops' cutters (guarded by wmu)
 	unsubOnce sync.Once
 	unsubbed  chan struct{} // closed when Unsubscribe finished
 	unsubErr  error         // Unsubscribe's result, set before unsubbed is closed
-	unsubDLs  atomic.Int64  // dead letters with reason "unsubscribed"
-	lost      atomic.Int64  // dead letters the store refused for good, during its Unsubscribe
-	leaving   atomic.Bool   // its Unsubscribe runs
+
+	// The counts of its stop (see addResult): the one that cut it off, else
+	// the one that took it first.
+	takeOnce   sync.Once
+	takenBy    error         // errShutdown or errUnsubscribed: the first stop
+	lostBefore int64         // lost when it was taken
+	stopped    chan struct{} // closed when the stop that cut it off has ended it
+	stopDLs    atomic.Int64  // dead letters with the stop's reason
+	abandoned  atomic.Int64  // calls its stop abandoned
+	lost       atomic.Int64  // dead letters no store took
 }
 
 // Topic returns the subscription's topic.
@@ -107,8 +111,8 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	c := t.tally.counter(name)
 	s := &Subscription{
 		b: b, t: t, topicName: topicName, name: name, c: c, workers: sc.concurrency,
-		done:     make(chan struct{}),
 		unsubbed: make(chan struct{}),
+		stopped:  make(chan struct{}),
 		left:     make(chan struct{}),
 		ws:       make(map[*worker]struct{}),
 	}

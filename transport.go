@@ -271,8 +271,8 @@ func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy Re
 	r.mu.Unlock()
 
 	s := &Subscription{b: b, topicName: topicName, name: name, c: c, workers: sc.concurrency,
-		done: make(chan struct{}), unsubbed: make(chan struct{}),
-		remote: &remoteSub{},
+		unsubbed: make(chan struct{}),
+		remote:   &remoteSub{},
 	}
 	s.hold = newHold(s, sc)
 	s.ctx, s.cancel = context.WithCancelCause(b.abortCtx)
@@ -438,15 +438,10 @@ func (p *pipeline) tell(op string, err error) {
 
 // stopRemote stops the transport's subscription: graceful until ctx
 // ends, then handlers' contexts are cancelled (cause ErrUnsubscribed or
-// ErrClosed) and it waits at most ShutdownGrace more. Unfinished messages
-// stay with the transport.
+// ErrClosed) and it waits at most ShutdownGrace more, the stop's
+// deadline. Unfinished messages stay with the transport.
 func (s *Subscription) stopRemote(ctx context.Context, cause error) error {
-	stopped := make(chan error, 1)
-	go func() { // ends when no Deliver runs; guarded: a panic or Goexit in Stop is its error
-		err := errors.New("broker: transport Stop called runtime.Goexit")
-		defer func() { stopped <- err }()
-		err = s.b.guard.call("Transport", "Stop", func() error { return s.remote.ts.Stop(context.WithoutCancel(ctx)) })
-	}()
+	stopped := s.b.callTransport("Stop", func() error { return s.remote.ts.Stop(context.WithoutCancel(ctx)) }) // ends when no Deliver runs
 	var err error
 	select {
 	case err = <-stopped:
@@ -472,7 +467,22 @@ func (s *Subscription) stopRemote(ctx context.Context, cause error) error {
 	return err
 }
 
-// closeRemote is Close with a transport.
+// callTransport runs the transport's method op (f) on a goroutine of its
+// own, for a stop to wait for until its deadline; guarded: a panic or a
+// runtime.Goexit in it is its error.
+func (b *Broker) callTransport(op string, f func() error) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		err := fmt.Errorf("broker: transport %s called runtime.Goexit", op)
+		defer func() { done <- err }()
+		err = b.guard.call("Transport", op, f)
+	}()
+	return done
+}
+
+// closeRemote is Close with a transport: it stops every subscription,
+// then closes the transport, by ShutdownGrace after ctx ended; a
+// transport's Close still running then is abandoned (logged).
 func (b *Broker) closeRemote(ctx context.Context) error {
 	r := b.remote
 	r.mu.Lock()
@@ -483,14 +493,23 @@ func (b *Broker) closeRemote(ctx context.Context) error {
 		}
 	}
 	r.mu.Unlock()
-	errs := make([]error, len(subs))
+	deadline, cancel := context.WithCancel(context.Background()) // the stop's
+	defer cancel()
+	defer context.AfterFunc(ctx, func() { time.AfterFunc(ShutdownGrace, cancel) })()
+	errs := make([]error, len(subs)+1)
 	var wg sync.WaitGroup
 	for i, s := range subs {
 		wg.Go(func() { errs[i] = s.endOnce(ctx, func() error { return s.stopRemote(ctx, errShutdown) }) })
 	}
 	wg.Wait()
 	b.abort(errShutdown)
-	errs = append(errs, b.guard.call("Transport", "Close", func() error { return r.t.Close(ctx) }))
+	closed := b.callTransport("Close", func() error { return r.t.Close(ctx) })
+	select {
+	case errs[len(subs)] = <-closed:
+	case <-deadline.Done():
+		errs[len(subs)] = fmt.Errorf("broker: transport Close had not returned ShutdownGrace after the ctx of Close ended: abandoned: %w", ctx.Err())
+		b.cfg.logger.LogAttrs(context.Background(), slog.LevelError, errs[len(subs)].Error())
+	}
 	return errors.Join(errs...)
 }
 

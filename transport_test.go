@@ -690,6 +690,7 @@ func (panickingTransport) PublishBatch(context.Context, []Message, time.Duration
 type misbehavingTransport struct {
 	*fakeTransport
 	which, how string
+	release    chan struct{} // how "hang": the call returns once it is closed
 }
 
 func (m misbehavingTransport) misbehave(method string) {
@@ -701,6 +702,8 @@ func (m misbehavingTransport) misbehave(method string) {
 		panic("transport bug")
 	case "goexit":
 		runtime.Goexit()
+	case "hang":
+		<-m.release
 	}
 }
 
@@ -743,7 +746,7 @@ func TestMisbehavingTransportLifecycle(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.which+"/"+tt.how, func(t *testing.T) {
 			bubble(t, func(t *testing.T) {
-				b, err := New(WithLogger(discard), WithTransport(misbehavingTransport{newFakeTransport(), tt.which, tt.how}))
+				b, err := New(WithLogger(discard), WithTransport(misbehavingTransport{newFakeTransport(), tt.which, tt.how, nil}))
 				require.NoError(t, err)
 				sub, err := b.Subscribe("t", "s", func(context.Context, Message) error { return nil })
 				if tt.which == "Subscribe" {
@@ -763,6 +766,42 @@ func TestMisbehavingTransportLifecycle(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// A transport whose Stop or Close never returns (it ignores its ctx):
+// Unsubscribe and Close return by their ctx plus ShutdownGrace with an
+// error that says so, and the call is left running.
+func TestHangingTransportStopEndsByItsDeadline(t *testing.T) {
+	for _, which := range []string{"Stop", "Close"} {
+		for _, viaClose := range []bool{true, false} {
+			if which == "Close" && !viaClose {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/close=%v", which, viaClose), func(t *testing.T) {
+				bubble(t, func(t *testing.T) {
+					release := make(chan struct{})
+					b, err := New(WithLogger(discard), WithTransport(misbehavingTransport{newFakeTransport(), which, "hang", release}))
+					require.NoError(t, err)
+					sub, err := b.Subscribe("t", "s", func(context.Context, Message) error { return nil })
+					require.NoError(t, err)
+					stop := sub.Unsubscribe
+					if viaClose {
+						stop = b.Close
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+					defer cancel()
+					start := time.Now()
+					assert.Error(t, stop(ctx))
+					assert.LessOrEqual(t, time.Since(start), time.Second+ShutdownGrace, "returned by the stop's deadline")
+					close(release)
+					idle()
+					if !viaClose {
+						require.NoError(t, b.Close(context.Background()))
+					}
+				})
+			})
+		}
 	}
 }
 

@@ -8,8 +8,9 @@ import (
 // and runs their turns. A worker survives what a handler can do to its
 // goroutine (a panic is recovered in the pipeline; runtime.Goexit ends the
 // goroutine, and a new worker takes over), and a worker whose handler
-// ignores a cancelled context is abandoned at Close's or Unsubscribe's
-// deadline (see abandon, in lifecycle.go).
+// ignores a cancelled context is abandoned by Close or Unsubscribe (see
+// abandon, in lifecycle.go): they stop waiting for it, and it drops itself
+// when its call returns.
 
 // hand is what one goroutine that ends a subscription's messages (a
 // worker, or a stop's cutter) holds, told to a stop without a lock: n
@@ -100,18 +101,19 @@ func (h *hand) abandon(plugOnly bool) (w uint64, from, n int, ok bool) {
 // worker (on the heap, allocated once), so that a stop can read the
 // messages of a worker it abandons.
 type worker struct {
-	s   *Subscription
-	buf [laneBatch]laneItem
-	n   int  // messages of the batch in buf
-	i   int  // the one being run
-	h   hand // buf[i:n] as a stop sees it
+	s    *Subscription
+	buf  [laneBatch]laneItem
+	n    int           // messages of the batch in buf
+	i    int           // the one being run
+	h    hand          // buf[i:n] as a stop sees it
+	done chan struct{} // closed when its goroutine ends (deferred in run)
 }
 
 // startWorker starts a worker in place of old (nil: none) with carry,
 // messages old, ended by Goexit, had taken and not started. ws changes
 // under one lock, so it is never empty while a worker runs.
 func (s *Subscription) startWorker(old *worker, carry []laneItem) {
-	w := &worker{s: s}
+	w := &worker{s: s, done: make(chan struct{})}
 	w.n = copy(w.buf[:], carry)
 	s.wmu.Lock()
 	delete(s.ws, old)
@@ -125,40 +127,13 @@ func (s *Subscription) startWorker(old *worker, carry []laneItem) {
 func (w *worker) run() {
 	s := w.s
 	var probe, started, returned bool
+	defer func() { // also if runtime.Goexit cut replace short
+		s.dropWorker(w)
+		close(w.done)
+	}()
 	defer func() {
-		switch {
-		case returned:
-			s.dropWorker(w)
-		case w.h.abandoned():
-			// The stop that abandoned it did its bookkeeping.
-		default:
-			// runtime.Goexit (what t.FailNow does) ended this goroutine, in
-			// a handler most likely: its message ends as a panic would end
-			// it, and a new worker takes over the rest of the batch (and
-			// this worker's place in ws).
-			var rest []laneItem
-			if w.n > 0 {
-				rest = append(rest, w.buf[w.i+1:w.n]...)
-				if started {
-					if !w.h.leave() {
-						return // abandoned meanwhile: the stop took the batch
-					}
-					// Its dead letter's Put and events are plugged-in code
-					// too: a stop may abandon the worker inside them, and
-					// then did the bookkeeping (as in the loop below).
-					r := s.pipe.goexited(s.ctx, &w.buf[w.i], &w.h)
-					if !r.ended && !w.h.end() || w.h.abandoned() {
-						return
-					}
-					s.end(&w.buf[w.i], r, probe)
-				} else {
-					rest = append([]laneItem{w.buf[w.i]}, rest...)
-				}
-			}
-			if w.h.abandoned() {
-				return // the stop took the batch
-			}
-			s.startWorker(w, rest)
+		if !returned {
+			w.replace(started, probe)
 		}
 	}()
 	for {
@@ -205,6 +180,40 @@ func (w *worker) run() {
 	}
 }
 
+// replace is a worker's end by runtime.Goexit (what t.FailNow does), in a
+// handler most likely: its message ends as a panic would end it, and a
+// new worker takes over the rest of the batch and this worker's place in
+// ws; unless a stop abandoned the worker (the stop did its bookkeeping).
+func (w *worker) replace(started, probe bool) {
+	s := w.s
+	if w.h.abandoned() {
+		return
+	}
+	var rest []laneItem
+	if w.n > 0 {
+		rest = append(rest, w.buf[w.i+1:w.n]...)
+		if started {
+			if !w.h.leave() {
+				return // abandoned meanwhile: the stop took the batch
+			}
+			// Its dead letter's Put and events are plugged-in code too: a
+			// stop may abandon the worker inside them, and then did the
+			// bookkeeping (as in run's loop).
+			r := s.pipe.goexited(s.ctx, &w.buf[w.i], &w.h)
+			if !r.ended && !w.h.end() || w.h.abandoned() {
+				return
+			}
+			s.end(&w.buf[w.i], r, probe)
+		} else {
+			rest = append([]laneItem{w.buf[w.i]}, rest...)
+		}
+	}
+	if w.h.abandoned() {
+		return // the stop took the batch
+	}
+	s.startWorker(w, rest)
+}
+
 // end hands a message back to the lane after its turn: it ended, or it
 // parks for its retry.
 func (s *Subscription) end(it *laneItem, r turnResult, probe bool) {
@@ -221,16 +230,10 @@ func (s *Subscription) end(it *laneItem, r turnResult, probe bool) {
 	}
 }
 
-// dropWorker is a worker's end, deferred in its goroutine (or a stop's
-// giving up on it, see abandon): it leaves ws, and the last one out closes
-// s.done.
+// dropWorker is a worker's end, deferred in its goroutine: it leaves ws
+// (if a worker that replaced it did not take its place).
 func (s *Subscription) dropWorker(w *worker) {
 	s.wmu.Lock()
-	_, in := s.ws[w]
 	delete(s.ws, w)
-	last := in && len(s.ws) == 0
 	s.wmu.Unlock()
-	if last {
-		close(s.done)
-	}
 }

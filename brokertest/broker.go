@@ -205,8 +205,9 @@ func (e *env) closeAtEnd() {
 }
 
 // close calls Close with a context that ends after d, and returns whether
-// it returned within d plus twice ShutdownGrace (if not, it is left
-// running) and its result.
+// it returned within d plus twice ShutdownGrace (its deadline is d plus
+// ShutdownGrace; one more grace of slack for a real, loaded clock; if
+// not, it is left running) and its result.
 func (e *env) close(d time.Duration) (returned bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
