@@ -32,6 +32,7 @@ type Broker struct {
 	statsMu sync.RWMutex
 	closed  atomic.Bool // set under mu by Close
 
+	epoch    time.Time               // New's time: PublishedAt minus it is a monotonic time for the topic queues
 	abortCtx context.Context         // parent of every subscription's context
 	abort    context.CancelCauseFunc // cancels it with errShutdown
 	wg       sync.WaitGroup          // dispatchers and shedders, each deferring its Done (workers: worker.done)
@@ -108,6 +109,7 @@ func New(opts ...Option) (*Broker, error) {
 	if len(cfg.obs) > 0 {
 		b.obs = observers{list: cfg.obs, g: b.guard}
 	}
+	b.epoch = time.Now()
 	b.abortCtx, b.abort = context.WithCancelCause(context.Background())
 	b.gone = newGoneTopics()
 	if cfg.transport != nil {
@@ -146,7 +148,7 @@ func (b *Broker) Publish(ctx context.Context, msg Message) error {
 		if t, err = b.topic(msg.Topic); err != nil {
 			return err
 		}
-		idle, err = t.q.TryPush(env)
+		idle, err = t.q.TryPush(env, int64(msg.PublishedAt.Sub(b.epoch)))
 		if err == queue.ErrFull && b.cfg.publishTimeout > 0 {
 			err = pushWait(t.q, env, ctx, b.cfg.publishTimeout)
 		}

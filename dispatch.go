@@ -84,7 +84,7 @@ func (t *topic) blockEnd(s *Subscription, d time.Duration) {
 func newTopic(b *Broker, name string, tl *tally) *topic {
 	t := &topic{
 		b: b, name: name,
-		q:      queue.New[envelope](b.cfg.queueSize),
+		q:      queue.New[envelope](b.cfg.queueSize, int64(stepInGap)),
 		active: make(map[string]*Subscription),
 		tally:  tl,
 		kick:   make(chan struct{}, 1),
@@ -125,6 +125,16 @@ func (t *topic) dispatch() {
 		}
 	}
 }
+
+// stepInGap is how long after the topic's previous publish a publisher may
+// step in (routeIdle): messages that come closer together are left to the
+// dispatcher, which takes them in batches. Stepping in saves a goroutine
+// hand-off, which is what latency at moderate rates is made of (a paced
+// publisher at 10k and 100k messages/s, one subscriber: p50 from about
+// 1.5 µs to about 1.0 µs), but moves the routing onto the publishers: on
+// every message, a busy topic lost throughput with it (16 topics, 4
+// publishers: +12–20% ns per message).
+const stepInGap = 5 * time.Microsecond
 
 // routeIdle is a publisher stepping in for the sleeping dispatcher, its
 // message alone in the queue (TryPush's idle): if the role is free, it

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// On an idle topic (its dispatcher asleep, its queue empty) Publish routes
+// On an idle topic (its dispatcher asleep, its queue empty, its last
+// message stepInGap ago or more) Publish routes
 // its message itself: when it returns, every subscriber with room has it,
 // one goroutine hand-off from the worker's handler.
 func TestPublishOnAnIdleTopicRoutesItself(t *testing.T) {
@@ -21,7 +23,8 @@ func TestPublishOnAnIdleTopicRoutesItself(t *testing.T) {
 			require.NoError(t, err)
 		}
 		for i := range 3 {
-			idle() // the dispatcher sleeps, the queue is empty
+			time.Sleep(stepInGap) // the topic is idle: its last message came stepInGap ago,
+			idle()                // the dispatcher sleeps, the queue is empty
 			require.NoError(t, b.Publish(context.Background(), Message{ID: fmt.Sprint(i), Topic: "t"}))
 			st := b.Stats().Topics["t"]
 			assert.Zero(t, st.Queued, "message %d routed by its Publish", i)
@@ -50,6 +53,7 @@ func TestPublisherSteppingInNeverWaits(t *testing.T) {
 		require.NoError(t, err)
 		const n = 10
 		for i := range n {
+			time.Sleep(stepInGap)
 			idle()
 			// A Publish that waited for the slow lane would never return:
 			// the bubble would deadlock.

@@ -62,6 +62,8 @@ type Queue[T any] struct {
 	ready    chan struct{}
 	room     Room   // producers waiting for room; Wanted makes TakenN settle at once
 	pushed   uint64 // items ever pushed
+	idleGap  int64  // see New
+	lastAt   int64  // when the last TryPush pushed, on its caller's clock
 
 	// taken counts the oldest items the consumer has taken (TakenN) without
 	// the lock: they no longer count as queued, and leave the ring at the
@@ -113,27 +115,37 @@ func (r *Room) Open() {
 	}
 }
 
-// New returns an empty queue that holds at most capacity items (at least 1).
-func New[T any](capacity int) *Queue[T] {
+// New returns an empty queue that holds at most capacity items (at least
+// 1). A TryPush is idle only idleGap or more after the one before: a
+// producer steps in only when items come that far apart, so that a busy
+// queue keeps its consumer, which takes items in batches.
+func New[T any](capacity int, idleGap int64) *Queue[T] {
 	if capacity < 1 {
 		capacity = 1
 	}
 	return &Queue[T]{
-		buf:   make([]T, min(capacity, minAlloc)),
-		limit: capacity,
-		ready: make(chan struct{}, 1),
+		buf:     make([]T, min(capacity, minAlloc)),
+		limit:   capacity,
+		ready:   make(chan struct{}, 1),
+		idleGap: idleGap,
 	}
 }
 
-// TryPush appends v if there is room, without waiting; it returns ErrFull
-// or ErrClosed otherwise. idle reports that v is the only item not taken
-// and the consumer sleeps (in Wait): TryPush did not wake it, and the
-// caller either handles v as the consumer would (see the package doc's
-// note on stepping in) or calls Wake.
-func (q *Queue[T]) TryPush(v T) (idle bool, err error) {
+// TryPush appends v, pushed at at (nanoseconds on the caller's clock), if
+// there is room, without waiting; it returns ErrFull or ErrClosed
+// otherwise. idle reports that the queue was idle: v is the only item not
+// taken, the consumer sleeps (in Wait), and the previous push was at least
+// the queue's idle gap (see New) before at. TryPush then did not wake the
+// consumer, and the caller either handles v as the consumer would (see the
+// package doc's note on stepping in) or calls Wake.
+func (q *Queue[T]) TryPush(v T, at int64) (idle bool, err error) {
 	q.mu.Lock()
 	err = q.pushLocked(v)
-	if idle = err == nil && q.sleeping && q.n-int(q.taken.Load()) == 1; idle {
+	if err == nil {
+		idle = q.sleeping && q.n-int(q.taken.Load()) == 1 && at-q.lastAt >= q.idleGap
+		q.lastAt = at
+	}
+	if idle {
 		q.mu.Unlock()
 		return true, nil
 	}

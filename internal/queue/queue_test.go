@@ -17,7 +17,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestFIFOAcrossGrowthAndWrap(t *testing.T) {
-	q := New[int](100)
+	q := New[int](100, 0)
 	next, want := 0, 0
 	// Interleave pushes and pops so the ring wraps while it grows.
 	for round := range 50 {
@@ -48,7 +48,7 @@ func TestFIFOAcrossGrowthAndWrap(t *testing.T) {
 }
 
 func TestBounds(t *testing.T) {
-	q := New[int](3)
+	q := New[int](3, 0)
 	for i := range 3 {
 		require.NoError(t, push(q, i))
 	}
@@ -58,11 +58,11 @@ func TestBounds(t *testing.T) {
 	st := q.Snapshot()
 	assert.Equal(t, 0, st.Head)
 	assert.Equal(t, 3, st.Len)
-	assert.Equal(t, 1, New[int](0).Cap(), "capacity at least 1")
+	assert.Equal(t, 1, New[int](0, 0).Cap(), "capacity at least 1")
 }
 
 func TestViewKeepsItemsQueuedUntilTaken(t *testing.T) {
-	q := New[string](2)
+	q := New[string](2, 0)
 	require.NoError(t, push(q, "a"))
 	require.NoError(t, push(q, "b"))
 	view, ok := take(q, nil, 1)
@@ -80,7 +80,7 @@ func TestViewKeepsItemsQueuedUntilTaken(t *testing.T) {
 }
 
 func TestCloseDrains(t *testing.T) {
-	q := New[int](4)
+	q := New[int](4, 0)
 	require.NoError(t, push(q, 1))
 	q.Close()
 	q.Close() // idempotent
@@ -119,7 +119,7 @@ func TestPushWait(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				q := New[int](1)
+				q := New[int](1, 0)
 				require.NoError(t, push(q, 0))
 				stop := make(chan struct{})
 				go tt.act(q, stop)
@@ -138,7 +138,7 @@ func TestPushWait(t *testing.T) {
 func TestManyProducersOneConsumer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const producers, each = 8, 500
-		q := New[[2]int](16)
+		q := New[[2]int](16, 0)
 		for p := range producers {
 			go func() {
 				for i := range each {
@@ -168,7 +168,7 @@ func TestManyProducersOneConsumer(t *testing.T) {
 
 func TestTakeWaitStops(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := New[int](1)
+		q := New[int](1, 0)
 		stop := make(chan struct{})
 		go func() {
 			time.Sleep(time.Second)
@@ -184,7 +184,7 @@ func TestTakeWaitStops(t *testing.T) {
 }
 
 func TestViewAcrossWrap(t *testing.T) {
-	q := New[int](8)
+	q := New[int](8, 0)
 	for i := range 8 {
 		require.NoError(t, push(q, i))
 	}
@@ -254,7 +254,7 @@ func take[T any](q *Queue[T], stop <-chan struct{}, max int) ([]T, bool) {
 // push is TryPush by a producer that never steps in: it wakes the
 // consumer when TryPush did not.
 func push[T any](q *Queue[T], v T) error {
-	idle, err := q.TryPush(v)
+	idle, err := q.TryPush(v, 0)
 	if idle {
 		q.Wake()
 	}
@@ -264,7 +264,7 @@ func push[T any](q *Queue[T], v T) error {
 // A view stays valid and unchanged while producers push and the ring grows
 // under it; it is the consumer's until it removes the items.
 func TestViewSurvivesGrowth(t *testing.T) {
-	q := New[int](1024)
+	q := New[int](1024, 0)
 	for i := range minAlloc {
 		require.NoError(t, push(q, i))
 	}
@@ -285,7 +285,7 @@ func TestViewSurvivesGrowth(t *testing.T) {
 
 func TestTakeWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := New[int](4)
+		q := New[int](4, 0)
 		go func() {
 			time.Sleep(time.Second)
 			_, _ = tryPushN(q, []int{1, 2, 3})
@@ -321,7 +321,7 @@ func TestTakeWait(t *testing.T) {
 
 		stop := make(chan struct{})
 		close(stop)
-		_, ok = take(New[int](1), stop, 1)
+		_, ok = take(New[int](1, 0), stop, 1)
 		assert.False(t, ok, "stopped")
 	})
 }
@@ -330,7 +330,7 @@ func TestTakeWait(t *testing.T) {
 // took, not only when it pops them.
 func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := New[int](1)
+		q := New[int](1, 0)
 		require.NoError(t, push(q, 1))
 		view, ok := take(q, nil, 1)
 		require.True(t, ok)
@@ -356,7 +356,7 @@ func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 // A consumer that marks more items taken than it read (a bug) loses no
 // unread item: the excess is dropped when the queue settles.
 func TestTakenNBeyondTheQueue(t *testing.T) {
-	q := New[int](3)
+	q := New[int](3, 0)
 	_, _ = tryPushN(q, []int{1, 2, 3})
 	require.Len(t, takeView(t, q, 3), 3)
 	q.TakenN(5)
@@ -393,7 +393,7 @@ func TestConcurrentTakeStress(t *testing.T) {
 	for _, capacity := range []int{1, 2, 3, 5, 17, 40} {
 		t.Run(fmt.Sprint(capacity), func(t *testing.T) {
 			const producers, each = 6, 2000
-			q := New[stressItem](capacity)
+			q := New[stressItem](capacity, 0)
 			var wg sync.WaitGroup
 			for p := range producers {
 				wg.Go(func() {
@@ -481,7 +481,7 @@ func TestConcurrentTakeStress(t *testing.T) {
 // TestRange reads items by their push number across the ring's wrap, taken
 // ones included until they settle, and skips what has left the queue.
 func TestRange(t *testing.T) {
-	q := New[int](8)
+	q := New[int](8, 0)
 	for i := range 6 {
 		require.NoError(t, push(q, i))
 	}
@@ -521,8 +521,8 @@ func TestRange(t *testing.T) {
 // wakes it.
 func TestTryPushIdle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := New[int](4)
-		idle, err := q.TryPush(1)
+		q := New[int](4, 0)
+		idle, err := q.TryPush(1, 0)
 		require.NoError(t, err)
 		assert.False(t, idle, "the consumer is not asleep")
 		q.Peek(make([]int, 1))
@@ -531,7 +531,7 @@ func TestTryPushIdle(t *testing.T) {
 		woke := make(chan bool)
 		go func() { woke <- q.Wait(nil) }()
 		synctest.Wait() // the consumer sleeps on an empty queue
-		idle, err = q.TryPush(2)
+		idle, err = q.TryPush(2, 0)
 		require.NoError(t, err)
 		assert.True(t, idle, "the only item, the consumer asleep")
 		synctest.Wait()
@@ -540,7 +540,7 @@ func TestTryPushIdle(t *testing.T) {
 			t.Fatal("an idle push woke the consumer")
 		default:
 		}
-		idle, err = q.TryPush(3)
+		idle, err = q.TryPush(3, 0)
 		require.NoError(t, err)
 		assert.False(t, idle, "another item is not taken yet")
 		assert.True(t, <-woke, "a push behind an untaken item wakes the consumer")
@@ -549,9 +549,41 @@ func TestTryPushIdle(t *testing.T) {
 		q.TakenN(2)
 		go func() { woke <- q.Wait(nil) }()
 		synctest.Wait()
-		idle, _ = q.TryPush(4)
+		idle, _ = q.TryPush(4, 0)
 		require.True(t, idle)
 		q.Wake()
 		assert.True(t, <-woke, "Wake wakes a sleeping consumer")
+	})
+}
+
+// TestTryPushIdleGap: a push into an empty queue whose consumer sleeps is
+// idle only when the previous push was at least the idle gap before it;
+// one that is not wakes the consumer.
+func TestTryPushIdleGap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := New[int](4, 10)
+		tests := []struct {
+			at   int64
+			idle bool
+		}{
+			{at: 100, idle: true}, // 100 after the zero start
+			{at: 105, idle: false},
+			{at: 114, idle: false}, // the gap counts from the last push
+			{at: 124, idle: true},
+		}
+		for _, tc := range tests {
+			woke := make(chan bool)
+			go func() { woke <- q.Wait(nil) }()
+			synctest.Wait() // the consumer sleeps on an empty queue
+			idle, err := q.TryPush(int(tc.at), tc.at)
+			require.NoError(t, err)
+			assert.Equal(t, tc.idle, idle, "push at %d", tc.at)
+			if idle {
+				q.Wake()
+			}
+			assert.True(t, <-woke)
+			q.Peek(make([]int, 1))
+			q.TakenN(1)
+		}
 	})
 }
