@@ -16,6 +16,8 @@ import (
 // enough that Publish never gives up; an ErrQueueFull would be retried and
 // counted. broker-nodedup (an extra, not in the default table) is the same
 // with WithIdempotencyStore(nil), to show what deduplication costs.
+// broker-observer (an extra) is broker with an Observer whose hooks do
+// nothing, to show what watching the broker costs by itself.
 
 type brokerInst struct {
 	env     *Env
@@ -27,6 +29,11 @@ func init() {
 	register(Impl{
 		Name:  "broker-nodedup",
 		New:   func(env *Env) (Instance, error) { return newBroker(env, broker.WithIdempotencyStore(nil)) },
+		Extra: true,
+	})
+	register(Impl{
+		Name:  "broker-observer",
+		New:   func(env *Env) (Instance, error) { return newBroker(env, broker.WithObserver(nopObserver{})) },
 		Extra: true,
 	})
 	register(Impl{
@@ -45,6 +52,10 @@ func init() {
 		},
 	})
 }
+
+// nopObserver is an Observer that ignores every event: its own type, not
+// broker.NopObserver, so that it costs what any observer's dispatch costs.
+type nopObserver struct{ broker.NopObserver }
 
 func newBroker(env *Env, extra ...broker.Option) (Instance, error) {
 	opts := []broker.Option{
