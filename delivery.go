@@ -528,7 +528,7 @@ var (
 // abandonedFault is the fault of a message whose handler a stop abandoned.
 func abandonedFault(ctx context.Context) fault {
 	return brokerFault(abortCode(ctx), fmt.Errorf("%w; handler abandoned: it had not returned %v after its context was cancelled",
-		context.Cause(ctx), ShutdownGrace))
+		context.Cause(ctx), handlerGrace))
 }
 
 // stoppedAtOnce reports that ctx, a subscription's context, was cancelled

@@ -61,7 +61,9 @@ type DrainError struct {
 	// (ShutdownGrace after its ctx ended, see ShutdownGrace). Those calls
 	// were left running, and what they return is logged and ignored. An
 	// abandoned handler's message is dead-lettered; the messages a call
-	// abandoned at the deadline held count as Lost.
+	// abandoned at the deadline held count as Lost. With a Transport, it
+	// counts the transport's Stop or Close calls still running at the
+	// deadline (their messages stay with the transport).
 	Abandoned int
 	// Lost is how many dead letters (with any reason) the store refused
 	// during the stop, until its deadline or for good (ErrDeadLetterRefused):
@@ -70,9 +72,10 @@ type DrainError struct {
 	// counts in one stop's DrainError: when Close and an Unsubscribe meet,
 	// the one that cut the subscription off (else the one called first).
 	// The stop waits until its deadline for the shedder (WhenLaneFull) to
-	// give up the shed messages it holds; one still in a Put then is only
-	// logged and counted in DeadLetterErrors. With a Transport it is 0:
-	// unfinished messages stay with the transport.
+	// give up the shed messages it holds; a shed message whose Put is
+	// still running then is counted by no stop (it stays in flight until
+	// the Put returns). With a Transport it is 0: unfinished messages stay
+	// with the transport.
 	Lost int
 	Err  error // the context's error that cut the drain short; nil if it did not end
 }

@@ -2,7 +2,9 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,4 +57,60 @@ func TestGoexitThenAbandonedHook(t *testing.T) {
 		assert.Equal(t, st.Routed, st.Delivered+st.Deduplicated+st.DeadLettered+uint64(st.Queued+st.InFlight), "conservation: %+v", st)
 		assert.Equal(t, uint64(1), st.DeadLettered, "%+v", st)
 	})
+}
+
+// An Observer hook that calls runtime.Goexit after its message ended (the
+// delivered attempt's event, a dead letter's event) ends the worker, not
+// the message a second time: the message is handed back ended, the next
+// one runs, and conservation holds.
+func TestGoexitInAnEventAfterTheMessageEnded(t *testing.T) {
+	tests := []struct {
+		name    string
+		fail    bool
+		observe func(o *funcObserver, exit func())
+	}{
+		{"delivered", false, func(o *funcObserver, exit func()) {
+			o.attempted = func(e AttemptEvent) {
+				if e.Outcome == OutcomeDelivered {
+					exit()
+				}
+			}
+		}},
+		{"dead-lettered", true, func(o *funcObserver, exit func()) {
+			o.deadLettered = func(DeadLetterEvent) { exit() }
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				var once atomic.Bool
+				obs := &funcObserver{}
+				tc.observe(obs, func() {
+					if once.CompareAndSwap(false, true) {
+						runtime.Goexit()
+					}
+				})
+				b := newTestBroker(t, WithObserver(obs), WithRetryPolicy(RetryPolicy{MaxRetries: NoRetries}))
+				var c calls
+				_, err := b.Subscribe("t", "s", recording(&c, func(Message) error {
+					if tc.fail {
+						return errors.New("boom")
+					}
+					return nil
+				}), Ordered())
+				require.NoError(t, err)
+				publishN(t, b, "t", "m", 2)
+				settle(t, b)
+				requireConserved(t, b.Stats())
+				ss := subStats(t, b, "t", "s")
+				assert.Equal(t, []string{"m-0", "m-1"}, c.ids(), "each message runs once, in order")
+				assert.EqualValues(t, 2, ss.Attempts)
+				if tc.fail {
+					assert.EqualValues(t, 2, ss.DeadLettered)
+				} else {
+					assert.EqualValues(t, 2, ss.Delivered)
+				}
+			})
+		})
+	}
 }

@@ -451,7 +451,12 @@ func (s *Subscription) stopRemote(ctx context.Context, cause error) error {
 		select {
 		case err = <-stopped:
 		case <-grace.C:
-			err = fmt.Errorf("broker: %s on %q: a handler ignored its cancelled context for %v: %w", s.name, s.topicName, ShutdownGrace, ctx.Err())
+			// The transport's Stop (a handler that ignores its cancelled
+			// context, or the transport itself) is abandoned.
+			s.b.cfg.logger.LogAttrs(context.Background(), slog.LevelError,
+				"broker: the transport's Stop had not returned ShutdownGrace after the stop's ctx ended (a handler ignoring its cancelled context, or the transport): abandoned",
+				slog.String("topic", s.topicName), slog.String("subscriber", s.name))
+			err = &DrainError{Reason: abortReason(s.ctx), Abandoned: 1, Err: ctx.Err()}
 		}
 		grace.Stop()
 	}
@@ -507,10 +512,24 @@ func (b *Broker) closeRemote(ctx context.Context) error {
 	select {
 	case errs[len(subs)] = <-closed:
 	case <-deadline.Done():
-		errs[len(subs)] = fmt.Errorf("broker: transport Close had not returned ShutdownGrace after the ctx of Close ended: abandoned: %w", ctx.Err())
-		b.cfg.logger.LogAttrs(context.Background(), slog.LevelError, errs[len(subs)].Error())
+		b.cfg.logger.LogAttrs(context.Background(), slog.LevelError, "broker: transport Close had not returned ShutdownGrace after the ctx of Close ended: abandoned")
+		errs[len(subs)] = &DrainError{Reason: ReasonShutdown, Abandoned: 1, Err: ctx.Err()}
 	}
-	return errors.Join(errs...)
+	// One DrainError for the stop, with the calls it abandoned added up.
+	var abandoned int
+	var other []error
+	for _, err := range errs {
+		var de *DrainError
+		if errors.As(err, &de) {
+			abandoned += de.Abandoned
+		} else if err != nil {
+			other = append(other, err)
+		}
+	}
+	if abandoned > 0 {
+		other = append([]error{&DrainError{Reason: ReasonShutdown, Abandoned: abandoned, Err: ctx.Err()}}, other...)
+	}
+	return errors.Join(other...)
 }
 
 // statsRemote adds the transport's topics to st.

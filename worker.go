@@ -126,14 +126,14 @@ func (s *Subscription) startWorker(old *worker, carry []laneItem) {
 // lane says to return.
 func (w *worker) run() {
 	s := w.s
-	var probe, started, returned bool
+	var probe, started, handing, returned bool
 	defer func() { // also if runtime.Goexit cut replace short
 		s.dropWorker(w)
 		close(w.done)
 	}()
 	defer func() {
 		if !returned {
-			w.replace(started, probe)
+			w.replace(started, handing, probe)
 		}
 	}()
 	for {
@@ -172,8 +172,9 @@ func (w *worker) run() {
 			if !r.ended && !w.h.end() || w.h.abandoned() {
 				return // the stop that abandoned it did the bookkeeping
 			}
+			handing = true // a Goexit in a breaker hook of end: the lane has it back
 			s.end(it, r, probe)
-			started = false
+			started, handing = false, false
 		}
 		clear(w.buf[:w.n]) // drop references for the garbage collector
 		w.n = 0
@@ -184,7 +185,10 @@ func (w *worker) run() {
 // handler most likely: its message ends as a panic would end it, and a
 // new worker takes over the rest of the batch and this worker's place in
 // ws; unless a stop abandoned the worker (the stop did its bookkeeping).
-func (w *worker) replace(started, probe bool) {
+// A Goexit after the message ended (in an Observer hook of its delivered
+// or dead-letter event) only hands it back to the lane, ended; one while
+// it was handed back (in a breaker hook, handing) leaves it be.
+func (w *worker) replace(started, handing, probe bool) {
 	s := w.s
 	if w.h.abandoned() {
 		return
@@ -192,9 +196,15 @@ func (w *worker) replace(started, probe bool) {
 	var rest []laneItem
 	if w.n > 0 {
 		rest = append(rest, w.buf[w.i+1:w.n]...)
-		if started {
+		switch {
+		case handing:
+		case started:
 			if !w.h.leave() {
 				return // abandoned meanwhile: the stop took the batch
+			}
+			if word := w.h.word.Load(); word&handEnded != 0 && int(word>>handIShift&handIMask) == w.i { // its counters moved: it ended
+				s.end(&w.buf[w.i], turnResult{ended: true}, probe)
+				break
 			}
 			// Its dead letter's Put and events are plugged-in code too: a
 			// stop may abandon the worker inside them, and then did the
@@ -204,7 +214,7 @@ func (w *worker) replace(started, probe bool) {
 				return
 			}
 			s.end(&w.buf[w.i], r, probe)
-		} else {
+		default:
 			rest = append([]laneItem{w.buf[w.i]}, rest...)
 		}
 	}
