@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -394,39 +395,46 @@ func (t *topic) finishLeaving(all bool) {
 	}
 }
 
-// claimOwed is s's Unsubscribe at its deadline (s stopped at once) taking
-// the messages s is owed that have not been routed to it yet — those of
-// the batch in progress from s's place on, and those still in the queue
-// accepted before the Unsubscribe — for the caller to dead-letter, so that
-// its DrainError counts them. From then on routing hands s nothing (its
-// lane is claimed). It takes the role when it is free, or has the
-// dispatcher serve it while it waits for room holding the role; it gives
-// up (false) when stop fires first (the holder is inside plugged-in code);
-// nothing is owed (true) once left is closed.
-func (t *topic) claimOwed(s *Subscription, stop <-chan time.Time) (owed []envelope, ok bool) {
-	served := make(chan []envelope, 1)
+// claimOwed is s's Unsubscribe at its deadline (s stopped at once)
+// claiming the messages s is owed that have not been routed to it yet
+// (claimFor). It takes the role when it is free, or has the dispatcher
+// serve it while it waits for room holding the role; it gives up (false)
+// when stop fires first (the holder is inside plugged-in code); nothing is
+// owed (true) once left is closed.
+func (t *topic) claimOwed(s *Subscription, stop <-chan time.Time) bool {
+	served := make(chan struct{})
 	select {
 	case t.role <- struct{}{}:
-		owed = t.owedTo(s)
+		t.claimFor(s)
 		<-t.role
-		return owed, true
-	case t.serve <- func() { served <- t.owedTo(s) }:
-		return <-served, true
+		return true
+	case t.serve <- func() { t.claimFor(s); close(served) }:
+		<-served
+		return true
 	case <-s.left:
-		return nil, true
+		return true
 	case <-stop:
-		return nil, false
+		return false
 	}
 }
 
-// owedTo is claimOwed's work, by the role's holder.
-func (t *topic) owedTo(s *Subscription) (owed []envelope) {
+// claimFor is the role's holder claiming for s, stopped at once, what it
+// is owed and has not been routed to it — the batch in progress from s's
+// place on, and what is still queued and accepted before its Unsubscribe
+// (all of it at Close) — for a cutter to dead-letter, so that the stop
+// counts them and no Put runs on the routing path. From then on routing
+// hands s nothing (its lane is claimed).
+func (t *topic) claimFor(s *Subscription) {
 	select {
 	case <-s.left:
-		return nil
+		return
 	default:
 	}
+	if s.lane.claimed.Load() {
+		return
+	}
 	r := &t.route
+	var owed []envelope
 	from := max(t.dispatched.Load(), s.startAt) // the queue's oldest message, between batches
 	if n := len(r.envs); n > 0 {
 		got, _, hi := r.place(s, r.pos, n) // not seen yet: it would be followed from the message being routed
@@ -435,8 +443,17 @@ func (t *topic) owedTo(s *Subscription) (owed []envelope) {
 		}
 		from = max(r.base+uint64(n), s.startAt)
 	}
+	to := s.leaveAt.Load()
+	if to == 0 {
+		to = math.MaxUint64 // not leaving: stopped by Close, whose queue is closed
+	}
 	s.lane.claim()
-	return t.q.Range(from, s.leaveAt.Load(), owed)
+	owed = t.q.Range(from, to, owed)
+	jobs := make([]cutJob, len(owed))
+	for i := range owed {
+		jobs[i] = cutJob{it: laneItem{env: owed[i]}, kind: cutUnrouted}
+	}
+	s.cutBy(jobs)
 }
 
 // unrouted counts a message that no subscriber got.

@@ -222,13 +222,8 @@ func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 			// routes s from now on it dead-letters itself, after Unsubscribe
 			// returned.
 			grace := time.NewTimer(handlerGrace) // hctx's, as claimOwed takes it
-			owed, claimed := t.claimOwed(s, grace.C)
+			claimed := t.claimOwed(s, grace.C)
 			grace.Stop()
-			jobs := make([]cutJob, len(owed))
-			for i := range owed {
-				jobs[i] = cutJob{it: laneItem{env: owed[i]}, kind: cutUnrouted}
-			}
-			s.cutBy(jobs, false)
 			endCutOff([]*Subscription{s}, hctx.Done(), dctx.Done(), func(<-chan struct{}) bool { return claimed })
 		}
 	}
@@ -374,7 +369,7 @@ func (s *Subscription) stopNow() {
 	for i := range items {
 		jobs = append(jobs, cutJob{it: items[i], kind: cutQueued})
 	}
-	s.cutBy(jobs, false)
+	s.cutBy(jobs)
 }
 
 // cutJob is a message a stop took, for a cutter to end.
@@ -401,9 +396,9 @@ type cutter struct {
 	done chan struct{}
 }
 
-// cutBy ends jobs in a cutter: a goroutine of its own, or (inline) the
-// caller's. The stop waits for it (finish).
-func (s *Subscription) cutBy(jobs []cutJob, inline bool) {
+// cutBy ends jobs in a cutter, a goroutine of its own. The stop waits for
+// it (finish).
+func (s *Subscription) cutBy(jobs []cutJob) {
 	if len(jobs) == 0 {
 		return
 	}
@@ -418,10 +413,6 @@ func (s *Subscription) cutBy(jobs []cutJob, inline bool) {
 	s.wmu.Lock()
 	s.cutters = append(s.cutters, c)
 	s.wmu.Unlock()
-	if inline {
-		s.cut(c)
-		return
-	}
 	go s.cut(c)
 }
 
@@ -566,7 +557,7 @@ func (s *Subscription) abandon() {
 				"and ignores what it returns",
 			slog.String("topic", s.topicName), slog.String("subscriber", s.name), slog.String("message_id", w.buf[i].env.msg.ID),
 			slog.Bool("handler", word&handHandler != 0), slog.String("reason", abortReason(s.ctx)))
-		s.cutBy(jobs, false) // the stops wait for the worker no longer (see finish)
+		s.cutBy(jobs) // the stops wait for the worker no longer (see finish)
 	}
 }
 

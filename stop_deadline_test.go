@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,4 +254,45 @@ func TestStopThatOnlyAbandonedSaysSo(t *testing.T) {
 			})
 		})
 	}
+}
+
+// countingSlowStore stores each dead letter after d (an honest, slow
+// remote store) and counts the Puts.
+type countingSlowStore struct {
+	*MemoryDeadLetterStore
+	d    time.Duration
+	puts *atomic.Int64
+}
+
+func (s countingSlowStore) Put(ctx context.Context, dl DeadLetter) error {
+	time.Sleep(s.d)
+	s.puts.Add(1)
+	return s.MemoryDeadLetterStore.Put(ctx, dl)
+}
+
+// Messages still in the topic queue when a stop's ctx ends are the stop's:
+// Close counts every one of them in its DrainError (stored, or lost at its
+// deadline), and no dead letter of theirs is written after it returned but
+// the one a Put given up on was storing. (The dispatcher used to
+// dead-letter them itself, one Put at a time, uncounted, after Close.)
+func TestCloseCountsTheQueuedMessagesItCutOff(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		var puts atomic.Int64
+		b := newTestBroker(t, WithQueueSize(64),
+			WithDeadLetterStore(countingSlowStore{NewMemoryDeadLetterStore(0, nil), 10 * time.Millisecond, &puts}))
+		_, err := b.Subscribe("t", "s", blockUntilCancelled, LaneSize(1))
+		require.NoError(t, err)
+		publishN(t, b, "t", "m", 60) // m-0 runs, m-1 in the lane, the rest in the topic queue
+		idle()
+		start := time.Now()
+		de := stopWithin(t, time.Second, b.Close)
+		assert.LessOrEqual(t, time.Since(start), time.Second+ShutdownGrace, "returned by its deadline")
+		atClose := puts.Load()
+		require.NotNil(t, de)
+		assert.Equal(t, 60, de.DeadLettered, "every message Close cut off is in its DrainError")
+		assert.Equal(t, 60, int(atClose)+de.Lost, "each stored before Close returned, or counted lost")
+		time.Sleep(10 * time.Second)
+		idle()
+		assert.LessOrEqual(t, puts.Load(), atClose+1, "no dead letter after Close returned but the Put it gave up on")
+	})
 }

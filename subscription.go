@@ -173,10 +173,12 @@ func (s *Subscription) breakerChanged(from, to BreakerState) {
 // as long as it takes (backpressure), holding the topic's role and
 // serving the requests sent to it meanwhile (claimOwed); before it waits
 // it releases the batch's routed prefix, and its waits are the
-// subscriber's BlockedFor.
+// subscriber's BlockedFor. A subscriber stopped at once while the message
+// was on its way gets it, and the rest it is owed, as dead letters
+// (claimFor): they are its, and must not vanish.
 func (s *Subscription) routeDispatched(env *envelope) error {
 	t := s.t
-	return s.route(laneItem{env: *env}, false, nil, nil, t.serve,
+	err := s.route(laneItem{env: *env}, false, nil, nil, t.serve,
 		func(start time.Time) {
 			t.freePrefix()
 			t.blockStart(s, start)
@@ -187,6 +189,11 @@ func (s *Subscription) routeDispatched(env *envelope) error {
 			}
 			t.blockEnd(s, d)
 		})
+	if err != nil && stoppedAtOnce(s.ctx) && slices.Contains(*t.subs.Load(), s) {
+		t.claimFor(s)
+		return nil
+	}
+	return err
 }
 
 // testHookWaited, when a test sets it, runs when the dispatcher's wait for
@@ -207,23 +214,14 @@ func (s *Subscription) routeRedriven(msg Message, cancel <-chan struct{}, deadli
 // fires (either may be nil), running what arrives on serve (nil: nothing)
 // meanwhile; before and after bracket that wait. It
 // returns nil once the message is the subscriber's responsibility: in its
-// lane, shed for the shedder to dead-letter because it (or, under
-// DeadLetterOldest, an older one) did not fit, or dead-lettered because
-// the subscription is stopping at once. A queue error means it was not
-// routed.
+// lane, or shed for the shedder to dead-letter because it (or, under
+// DeadLetterOldest, an older one) did not fit. A queue error means it was
+// not routed.
 func (s *Subscription) route(it laneItem, noShed bool, cancel <-chan struct{}, deadline <-chan time.Time,
 	serve <-chan func(), before func(time.Time), after func(time.Duration)) error {
 	err := s.lane.push(it, noShed)
 	if err == queue.ErrFull {
 		err = s.lane.pushWait(it, noShed, s.ctx.Done(), cancel, deadline, serve, before, after)
-	}
-	if err != nil && err != queue.ErrTimeout && !it.redriven && stoppedAtOnce(s.ctx) && slices.Contains(*s.t.subs.Load(), s) {
-		// Stopped at once while this message was on its way: it is this
-		// subscriber's, so it ends as a dead letter rather than vanishing.
-		// (A redriven one is not: its dead letter stays in the store, and
-		// Redrive says the subscriber stopped.)
-		s.cutOffUnrouted(&it)
-		return nil
 	}
 	return err
 }
@@ -270,13 +268,6 @@ func (s *Subscription) shed() {
 		}
 		clear(buf)
 	}
-}
-
-// cutOffUnrouted dead-letters it, which never entered the lane of the
-// subscription that was stopped at once, as routed to it.
-// The caller is its cutter, so that a stop's deadline can give up on it.
-func (s *Subscription) cutOffUnrouted(it *laneItem) {
-	s.cutBy([]cutJob{{it: *it, kind: cutUnrouted}}, true)
 }
 
 // tryRouteN hands the subscriber as many of envs, in order, as fit in its

@@ -218,7 +218,9 @@ func (w *worker) replace(started, handing, probe bool) {
 			rest = append([]laneItem{w.buf[w.i]}, rest...)
 		}
 	}
-	if w.h.abandoned() {
+	// Hand rest over: the old hand is marked given up first, so that a stop
+	// reaching its deadline meanwhile cannot count rest too.
+	if _, _, _, ok := w.h.abandon(false); !ok {
 		return // the stop took the batch
 	}
 	s.startWorker(w, rest)
