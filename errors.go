@@ -71,11 +71,9 @@ type DrainError struct {
 	// with every field and is counted in Stats' DeadLetterErrors. A loss
 	// counts in one stop's DrainError: when Close and an Unsubscribe meet,
 	// the one that cut the subscription off (else the one called first).
-	// The stop waits until its deadline for the shedder (WhenLaneFull) to
-	// give up the shed messages it holds; a shed message whose Put is
-	// still running then is counted by no stop (it stays in flight until
-	// the Put returns). With a Transport it is 0: unfinished messages stay
-	// with the transport.
+	// The shed messages (WhenLaneFull) whose Put is still running at the
+	// deadline count here too. With a Transport it is 0: unfinished
+	// messages stay with the transport.
 	Lost int
 	Err  error // the context's error that cut the drain short; nil if it did not end
 }

@@ -464,7 +464,19 @@ func (s *Subscription) giveUp() {
 	}
 	s.wmu.Lock()
 	ws := slices.Collect(maps.Keys(s.ws))
+	sh := s.shedder
 	s.wmu.Unlock()
+	if sh != nil {
+		if w, from, n, ok := sh.h.abandon(false); ok {
+			var ids []string
+			for k := from; k < n; k++ { // the shedder touches its batch no more
+				s.c.inFlight.Add(-1)
+				s.lostAtDeadline(ReasonOverflow)
+				ids = append(ids, sh.buf[k].env.msg.ID)
+			}
+			s.gaveUp(w, ids)
+		}
+	}
 	for _, wk := range ws {
 		if w, from, n, ok := wk.h.abandon(false); ok {
 			var ids []string

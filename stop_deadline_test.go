@@ -296,3 +296,58 @@ func TestCloseCountsTheQueuedMessagesItCutOff(t *testing.T) {
 		assert.LessOrEqual(t, puts.Load(), atClose+1, "no dead letter after Close returned but the Put it gave up on")
 	})
 }
+
+// gateStore's Put does not return while stuck, until release is closed.
+type gateStore struct {
+	*MemoryDeadLetterStore
+	release <-chan struct{}
+	stuck   atomic.Bool
+}
+
+func (s *gateStore) Put(ctx context.Context, dl DeadLetter) error {
+	if s.stuck.Load() {
+		<-s.release
+	}
+	return s.MemoryDeadLetterStore.Put(ctx, dl)
+}
+
+// A shedder stuck in a Put at a stop's deadline is given up on like a
+// cutter: counted abandoned, its message lost, nothing left in flight.
+func TestStopGivesUpOnAStuckShedder(t *testing.T) {
+	for _, viaClose := range []bool{true, false} {
+		t.Run(map[bool]string{true: "close", false: "unsubscribe"}[viaClose], func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				release := make(chan struct{})
+				store := &gateStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil), release: release}
+				b := newTestBroker(t, WithDeadLetterStore(store))
+				sub, err := b.Subscribe("t", "s", blockUntilCancelled, LaneSize(1), WhenLaneFull(DeadLetterNewest))
+				require.NoError(t, err)
+				store.stuck.Store(true)
+				publishN(t, b, "t", "m", 3) // m-0 runs, m-1 waits in the lane, m-2 is shed: the shedder's Put does not return
+				idle()
+				start := time.Now()
+				stop := sub.Unsubscribe
+				if viaClose {
+					stop = b.Close
+				}
+				de := stopWithin(t, time.Second, stop)
+				assert.LessOrEqual(t, time.Since(start), time.Second+ShutdownGrace)
+				st := subStats(t, b, "t", "s")
+				// m-0's handler returns when cancelled, and its worker's Put
+				// sticks: abandoned at the handlers' part of the grace, m-0
+				// goes to a cutter; m-0's and m-1's cutters and the shedder
+				// are stuck in Put at the deadline.
+				assert.Equal(t, 4, de.Abandoned, "the worker, two cutters and the shedder, given up on")
+				assert.Equal(t, 3, de.Lost, "m-0, m-1 and the shed m-2")
+				assert.Zero(t, st.InFlight, "nothing in flight once the stop returned")
+				requireConserved(t, b.Stats())
+				close(release)
+				idle()
+				requireConserved(t, b.Stats())
+				if !viaClose {
+					require.NoError(t, b.Close(context.Background()))
+				}
+			})
+		})
+	}
+}

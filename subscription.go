@@ -38,6 +38,7 @@ type Subscription struct {
 	wmu       sync.Mutex           // guards ws and cutters
 	ws        map[*worker]struct{} // running workers, abandoned ones included (each drops itself)
 	cutters   []*cutter            // the stops' cutters (guarded by wmu)
+	shedder   *shedder             // the last shedder goroutine started (guarded by wmu)
 	unsubOnce sync.Once
 	unsubbed  chan struct{} // closed when Unsubscribe finished
 	unsubErr  error         // Unsubscribe's result, set before unsubbed is closed
@@ -244,30 +245,53 @@ func (s *Subscription) startShedder() {
 
 func (s *Subscription) shed() {
 	defer s.b.wg.Done()
-	buf := make([]laneItem, 0, laneBatch)
+	sh := &shedder{buf: make([]laneItem, 0, laneBatch)}
+	s.wmu.Lock()
+	s.shedder = sh
+	s.wmu.Unlock()
 	var i int
 	finished, stored := false, false
-	counted := func() { stored = true; s.c.inFlight.Add(-1); s.lane.shedEnded(&buf[i]) }
+	counted := func() { stored = true; s.c.inFlight.Add(-1); s.lane.shedEnded(&sh.buf[i]) }
 	defer func() {
-		if !finished { // runtime.Goexit in a store or an Observer
+		if !finished && !sh.h.abandoned() { // runtime.Goexit in a store or an Observer
 			if stored {
 				i++ // stored and counted: only its event was cut short
 			}
-			s.lane.unshed(buf[i:])
+			s.lane.unshed(sh.buf[i:])
 		}
 	}()
 	for {
-		buf = s.lane.takeShed(buf[:0])
-		if len(buf) == 0 {
+		sh.buf = s.lane.takeShed(sh.buf[:0])
+		if len(sh.buf) == 0 {
 			finished = true
 			return
 		}
-		for i = range buf {
-			stored = false
-			s.pipe.overflow(&buf[i], counted, nil)
+		if !sh.h.hold(len(sh.buf)) {
+			// A stop gave up on it between two batches: these it took after.
+			for range sh.buf {
+				s.c.inFlight.Add(-1)
+				s.lostAtDeadline(ReasonOverflow)
+			}
+			finished = true
+			return
 		}
-		clear(buf)
+		for i = range sh.buf {
+			stored = false
+			s.pipe.overflow(&sh.buf[i], counted, &sh.h)
+			if !sh.h.next() {
+				finished = true
+				return // a stop gave up on it at its deadline and counted the rest
+			}
+		}
+		clear(sh.buf)
 	}
+}
+
+// shedder is a shedder goroutine's batch and its hand, which lets a stop
+// give up on it at its deadline (giveUp), as on a cutter.
+type shedder struct {
+	buf []laneItem
+	h   hand
 }
 
 // tryRouteN hands the subscriber as many of envs, in order, as fit in its
