@@ -93,10 +93,11 @@
 //
 // [Broker.Close] refuses new publishes, drains every queue and lane (with
 // retries) until its context ends, then cancels handler contexts (their
-// cause matches [ErrClosed]), waits at most [ShutdownGrace] for handlers to
-// return and dead-letters what is unfinished with reason "shutdown",
-// returning a [*DrainError] with the count. A handler that ignores its
-// context is abandoned after the grace: Close honours its context.
+// cause matches [ErrClosed]), waits at most four fifths of [ShutdownGrace]
+// for handlers to return and dead-letters what is unfinished with reason
+// "shutdown", returning a [*DrainError] with the count, by ShutdownGrace
+// after its context ended. A handler that ignores its context is
+// abandoned: Close honours its context.
 // [Subscription.Unsubscribe] does the same for one subscriber with reason
 // "unsubscribed" ([ErrUnsubscribed]); it owes the subscriber every message
 // accepted before the call.
