@@ -144,7 +144,7 @@ func (p *pipeline) turn(ctx context.Context, it *laneItem, h *hand, i int, d Del
 		}
 		if !it.redriven && p.seenIn(h, &ref) {
 			h.at(i, 0) // no-op after the one above
-			p.rec.deduplicatedIn(h, msg)
+			p.rec.deduplicatedIn(h, msg, nil)
 			return turnResult{ended: true}
 		}
 	}
@@ -214,7 +214,7 @@ func (p *pipeline) stopped(ctx context.Context, it *laneItem, h *hand) turnResul
 	if p.held {
 		return turnResult{cutOff: true}
 	}
-	p.cutOff(ctx, it, h)
+	p.cutOff(ctx, it, h, nil)
 	return turnResult{ended: true, reason: abortReason(ctx)}
 }
 
@@ -243,7 +243,8 @@ func (p *pipeline) after(ctx context.Context, it *laneItem, err error, f failure
 		if it.last == nil {
 			it.last = new(step)
 		}
-		*it.last = s // before the event: a stop that abandons its hook copies it
+		*it.last = s               // before the event: a stop that abandons its hook copies it
+		h.update(handJudged, 0, 0) // a Goexit in the event parks it (see worker.replace)
 	}
 	p.rec.retryingIn(h, msg, s.took, s.delay, s.fault)
 	return turnResult{delay: s.delay, health: hl}
@@ -293,19 +294,19 @@ func (p *pipeline) goexited(ctx context.Context, it *laneItem, h *hand) turnResu
 // twice), anything else is dead-lettered with the stop's reason, showing
 // the message as last delivered with that attempt's failure (whose event
 // was already emitted).
-func (p *pipeline) cutOff(ctx context.Context, it *laneItem, h *hand) {
+func (p *pipeline) cutOff(ctx context.Context, it *laneItem, h *hand, counted func()) {
 	msg := &it.env.msg
 	if p.dedup != nil && !it.redriven {
 		if d := p.dedupKey(&it.env, false); p.seenIn(h, &d) {
-			p.rec.deduplicatedIn(h, msg)
+			p.rec.deduplicatedIn(h, msg, counted)
 			return
 		}
 	}
 	if it.last == nil || msg.Attempt == 0 {
-		p.rec.deadLetterThen(msg, timing{}, abortReason(ctx), brokerFault(abortCode(ctx), context.Cause(ctx)), false, nil, h)
+		p.rec.deadLetterThen(msg, timing{}, abortReason(ctx), brokerFault(abortCode(ctx), context.Cause(ctx)), false, counted, h)
 		return
 	}
-	p.rec.deadLetterThen(msg, timing{}, abortReason(ctx), it.last.fault, false, nil, h)
+	p.rec.deadLetterThen(msg, timing{}, abortReason(ctx), it.last.fault, false, counted, h)
 }
 
 // overflow dead-letters it, shed from a full lane, and calls counted once
@@ -315,9 +316,7 @@ func (p *pipeline) overflow(it *laneItem, counted func(), h *hand) {
 	msg := &it.env.msg
 	if p.dedup != nil && !it.redriven {
 		if d := p.dedupKey(&it.env, false); p.seenIn(h, &d) {
-			if p.rec.deduplicatedIn(h, msg) {
-				counted()
-			}
+			p.rec.deduplicatedIn(h, msg, counted)
 			return
 		}
 	}

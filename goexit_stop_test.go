@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -113,4 +114,72 @@ func TestGoexitInAnEventAfterTheMessageEnded(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A Goexit in the event of a failed attempt that will be retried parks the
+// message as decided: the attempt counts once, and a hook that does it on
+// every retry event costs no message (each worker it ends is replaced).
+func TestGoexitInARetryEvent(t *testing.T) {
+	for _, always := range []bool{false, true} {
+		t.Run(fmt.Sprint("always=", always), func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				var n atomic.Int32
+				obs := &funcObserver{attempted: func(e AttemptEvent) {
+					if e.Outcome == OutcomeRetry && (always || n.Add(1) == 1) {
+						runtime.Goexit()
+					}
+				}}
+				b := newTestBroker(t, WithObserver(obs))
+				var c calls
+				var fails atomic.Int32
+				_, err := b.Subscribe("t", "s", recording(&c, func(m Message) error {
+					if m.ID == "m-0" && fails.Add(1) == 1 {
+						return errors.New("boom")
+					}
+					return nil
+				}), Ordered())
+				require.NoError(t, err)
+				publishN(t, b, "t", "m", 3)
+				settle(t, b)
+				ss := subStats(t, b, "t", "s")
+				assert.EqualValues(t, 3, ss.Delivered, "every message delivered")
+				assert.EqualValues(t, 1, ss.Retries, "one failed attempt, one retry")
+				assert.EqualValues(t, 4, ss.Attempts, "m-0 twice, m-1, m-2")
+				requireConserved(t, b.Stats())
+			})
+		})
+	}
+}
+
+// A shed copy of an ID already delivered ends deduplicated once, even when
+// the deduplicated event's hook calls runtime.Goexit (the shedder that
+// replaces the one it ended does not count it again).
+func TestShedderGoexitInADeduplicatedEvent(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		var once atomic.Bool
+		obs := &funcObserver{attempted: func(e AttemptEvent) {
+			if e.Outcome == OutcomeDeduplicated && once.CompareAndSwap(false, true) {
+				runtime.Goexit()
+			}
+		}}
+		b := newTestBroker(t, WithObserver(obs), WithQueueSize(100), WithPublishTimeout(0))
+		release := make(chan struct{})
+		_, err := b.Subscribe("t", "s", func(_ context.Context, m Message) error {
+			if m.ID != "d" {
+				<-release
+			}
+			return nil
+		}, LaneSize(1), WhenLaneFull(DeadLetterNewest))
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(context.Background(), Message{ID: "d", Topic: "t"}))
+		idle()
+		for _, id := range []string{"blocker", "waits", "d"} { // d is shed: a duplicate
+			require.NoError(t, b.Publish(context.Background(), Message{ID: id, Topic: "t"}))
+			idle()
+		}
+		close(release)
+		settle(t, b)
+		assert.EqualValues(t, 1, subStats(t, b, "t", "s").Deduplicated)
+		requireConserved(t, b.Stats())
+	})
 }

@@ -427,10 +427,7 @@ func (s *Subscription) cut(c *cutter) {
 			s.pipe.rec.deadLetterThen(&j.it.env.msg, timing{}, abortReason(s.ctx), abandonedFault(s.ctx), true,
 				func() { s.c.inFlight.Add(-1) }, &c.h)
 		default:
-			s.pipe.cutOff(s.ctx, &j.it, &c.h)
-			if c.h.word.Load()&handEnded != 0 { // else the stop that gave up on c counts it
-				s.c.inFlight.Add(-1)
-			}
+			s.pipe.cutOff(s.ctx, &j.it, &c.h, func() { s.c.inFlight.Add(-1) })
 		}
 		if !c.h.next() {
 			return

@@ -158,14 +158,18 @@ func (r *recorder) countDelivered(h *hand, msg *Message, t timing) {
 	}
 }
 
-func (r *recorder) deduplicated(msg *Message) { r.deduplicatedIn(nil, msg) }
+func (r *recorder) deduplicated(msg *Message) { r.deduplicatedIn(nil, msg, nil) }
 
-// deduplicatedIn returns false if a stop abandoned h.
-func (r *recorder) deduplicatedIn(h *hand, msg *Message) bool {
+// deduplicatedIn returns false if a stop abandoned h. counted, if not nil,
+// runs once the message is counted, before its event.
+func (r *recorder) deduplicatedIn(h *hand, msg *Message, counted func()) bool {
 	if !h.end() {
 		return false
 	}
 	r.c.deduplicated.Add(1)
+	if counted != nil {
+		counted()
+	}
 	r.attempted(h, msg, timing{}, "", false, OutcomeDeduplicated, 0, nil)
 	if r.log.Enabled(context.Background(), slog.LevelInfo) && r.limits.duplicate.allow(logKey{topic: r.topic, subscriber: r.subscriber}) {
 		window := slog.String("dedup_window", "the idempotency store's")

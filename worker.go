@@ -28,9 +28,10 @@ const (
 	handHandler               // that code is the handler (middleware included)
 	handEnded                 // message i has ended: its counters moved
 	handAbandoned             // a stop gave up on it
-	handIShift    = 4
+	handJudged                // message i's failed attempt was judged a retry (its event may run)
+	handIShift    = 5
 	handNShift    = 32
-	handIMask     = 1<<28 - 1
+	handIMask     = 1<<27 - 1
 )
 
 // update sets and clears flags and adds addI to i, unless a stop
@@ -186,8 +187,9 @@ func (w *worker) run() {
 // new worker takes over the rest of the batch and this worker's place in
 // ws; unless a stop abandoned the worker (the stop did its bookkeeping).
 // A Goexit after the message ended (in an Observer hook of its delivered
-// or dead-letter event) only hands it back to the lane, ended; one while
-// it was handed back (in a breaker hook, handing) leaves it be.
+// or dead-letter event) only hands it back to the lane, ended; one after
+// its retry was decided (in its retry event) parks it; one while it was
+// handed back (in a breaker hook, handing) leaves it be.
 func (w *worker) replace(started, handing, probe bool) {
 	s := w.s
 	if w.h.abandoned() {
@@ -202,8 +204,21 @@ func (w *worker) replace(started, handing, probe bool) {
 			if !w.h.leave() {
 				return // abandoned meanwhile: the stop took the batch
 			}
-			if word := w.h.word.Load(); word&handEnded != 0 && int(word>>handIShift&handIMask) == w.i { // its counters moved: it ended
-				s.end(&w.buf[w.i], turnResult{ended: true}, probe)
+			if word := w.h.word.Load(); int(word>>handIShift&handIMask) == w.i && word&(handEnded|handJudged) != 0 {
+				it := &w.buf[w.i]
+				if word&handEnded != 0 { // its counters moved: it ended
+					s.end(it, turnResult{ended: true}, probe)
+					break
+				}
+				// Its retry was decided (the Goexit was in its event): it parks.
+				if !w.h.end() {
+					return
+				}
+				hl := healthNone
+				if it.last.retryable {
+					hl = healthFail
+				}
+				s.end(it, turnResult{delay: it.last.delay, health: hl}, probe)
 				break
 			}
 			// Its dead letter's Put and events are plugged-in code too: a
@@ -237,7 +252,7 @@ func (s *Subscription) end(it *laneItem, r turnResult, probe bool) {
 		}
 	}
 	if orphan {
-		s.pipe.cutOff(s.ctx, it, nil)
+		s.pipe.cutOff(s.ctx, it, nil, nil)
 		s.lane.dropped()
 	}
 }

@@ -143,7 +143,7 @@ func (q *Queue[T]) TryPush(v T, at int64) (idle bool, err error) {
 	err = q.pushLocked(v)
 	if err == nil {
 		idle = q.sleeping && q.n-int(q.taken.Load()) == 1 && at-q.lastAt >= q.idleGap
-		q.lastAt = at
+		q.lastAt = max(q.lastAt, at) // publishers stamp at before the lock, in any order
 	}
 	if idle {
 		q.mu.Unlock()
