@@ -343,13 +343,19 @@ func (s *Subscription) finish(deadline <-chan struct{}) bool {
 			return false
 		}
 	}
-	s.wmu.Lock()
-	cutters := slices.Clone(s.cutters)
-	s.wmu.Unlock()
-	for _, c := range cutters {
-		if !waitOr(c.done, deadline) {
-			return false
+	for seen := 0; ; { // until no cutter started meanwhile (one that took over from another)
+		s.wmu.Lock()
+		cutters := slices.Clone(s.cutters[seen:])
+		s.wmu.Unlock()
+		if len(cutters) == 0 {
+			break
 		}
+		for _, c := range cutters {
+			if !waitOr(c.done, deadline) {
+				return false
+			}
+		}
+		seen += len(cutters)
 	}
 	done := s.lane.shedderDone()
 	return done == nil || waitOr(done, deadline)
@@ -408,6 +414,11 @@ func (s *Subscription) cutBy(jobs []cutJob) {
 			s.c.inFlight.Add(1)
 		}
 	}
+	s.startCutter(jobs)
+}
+
+// startCutter starts a cutter for jobs, counted already.
+func (s *Subscription) startCutter(jobs []cutJob) {
 	c := &cutter{jobs: jobs, done: make(chan struct{})}
 	c.h.hold(len(jobs))
 	s.wmu.Lock()
@@ -417,7 +428,19 @@ func (s *Subscription) cutBy(jobs []cutJob) {
 }
 
 func (s *Subscription) cut(c *cutter) {
-	defer close(c.done)
+	finished := false
+	defer func() {
+		// runtime.Goexit in a store or an Observer hook: a new cutter takes
+		// over the messages not ended, before this one counts as done
+		// (finish looks for cutters started meanwhile); unless a stop gave
+		// up on this one.
+		if !finished {
+			if _, from, n, ok := c.h.abandon(false); ok {
+				s.startCutter(slices.Clone(c.jobs[from:n]))
+			}
+		}
+		close(c.done)
+	}()
 	for i := range c.jobs {
 		j := &c.jobs[i]
 		switch j.kind {
@@ -430,9 +453,11 @@ func (s *Subscription) cut(c *cutter) {
 			s.pipe.cutOff(s.ctx, &j.it, &c.h, func() { s.c.inFlight.Add(-1) })
 		}
 		if !c.h.next() {
+			finished = true // a stop gave up on it and counted the rest
 			return
 		}
 	}
+	finished = true
 }
 
 // giveUp gives up, at the stop's deadline, on the subscription's workers
