@@ -317,20 +317,30 @@ func (s *Subscription) deliverRemote(d Delivery) {
 	if msg.Attempt <= 1 || !s.unpark() {
 		c.routed.Add(1) // new to this process
 	}
+	// In flight until the verdict is counted, and no later: once the
+	// transport hears it, the Key is free and the next message may be
+	// counted before this goroutine runs on.
 	c.inFlight.Add(1)
-	defer c.inFlight.Add(-1)
+	inFlight := true
+	left := func() {
+		if inFlight {
+			inFlight = false
+			c.inFlight.Add(-1)
+		}
+	}
+	defer left()
 	if msg.Attempt < 1 {
 		msg.Attempt = 1
 	}
 	if s.ctx.Err() != nil { // stopping at once: it stays with the transport, no store asked
-		s.handBack(d, 0)
+		s.handBack(d, 0, left)
 		return
 	}
 	probe := false
 	if s.hold != nil {
 		var ok bool
 		if probe, ok = s.hold.wait(s.ctx, d); !ok { // stopping at once while held: not attempted
-			s.handBack(d, 0)
+			s.handBack(d, 0, left)
 			return
 		}
 	}
@@ -342,12 +352,14 @@ func (s *Subscription) deliverRemote(d Delivery) {
 	}
 	switch {
 	case r.cutOff:
-		s.handBack(d, 0)
+		s.handBack(d, 0, left)
 	case !r.ended:
-		s.handBack(d, r.delay)
+		s.handBack(d, r.delay, left)
 	case r.reason == "":
+		left() // counted by turn
 		s.pipe.tell("Ack", d.Ack())
 	default:
+		left()
 		s.pipe.tell("Terminate", d.Terminate(r.reason))
 	}
 }
@@ -370,8 +382,9 @@ func (s *Subscription) unpark() bool {
 // handBack returns d to the transport, to come back after delay (0 for a
 // delivery left unfinished): counted as queued there until it is
 // delivered here again (unpark).
-func (s *Subscription) handBack(d Delivery, delay time.Duration) {
+func (s *Subscription) handBack(d Delivery, delay time.Duration, left func()) {
 	s.c.handedBack.Add(1)
+	left()
 	s.pipe.tell("Retry", d.Retry(delay))
 }
 

@@ -27,6 +27,7 @@ type fakeTransport struct {
 	hang     bool          // Publish and Redrive wait for ctx to end and return its error
 	drain    bool          // a stopping subscription still delivers what it queued (as natsjs's inbox does)
 	every    time.Duration // KeepAliveEvery of its deliveries
+	settling func()        // called as a delivery is settled, before it is
 }
 
 type fakeSub struct {
@@ -176,6 +177,9 @@ func (d *fakeDelivery) Redriven() bool   { return d.redriven }
 func (d *fakeDelivery) end(op, arg string) error {
 	if d.done.Swap(true) {
 		panic("a delivery was acknowledged twice")
+	}
+	if f := d.s.tr.settling; f != nil {
+		f()
 	}
 	d.s.tr.note("%s %s#%d%s", op, d.msg.ID, d.msg.Attempt, arg)
 	return nil
@@ -534,6 +538,41 @@ func TestTransportHandedBackStayCounted(t *testing.T) {
 		assert.Zero(t, ss.Queued)
 		assert.Equal(t, uint64(4), ss.Routed, "routed once each")
 		requireConserved(t, b.Stats())
+	})
+}
+
+// TestTransportCountsBeforeItSettles: the moment a transport hears a
+// verdict (and may free the Key for the next message), the message is
+// counted as what it became, not still in flight as well.
+func TestTransportCountsBeforeItSettles(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		tr := newFakeTransport()
+		b := newTransportBroker(t, tr)
+		var mu sync.Mutex
+		var seen []SubscriberStats
+		tr.settling = func() {
+			ss := b.Stats().Topics["t"].Subscribers["s"]
+			mu.Lock()
+			seen = append(seen, ss)
+			mu.Unlock()
+		}
+		_, err := b.Subscribe("t", "s", func(_ context.Context, m Message) error {
+			if m.ID == "fails" {
+				return errors.New("down")
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		require.NoError(t, b.Publish(t.Context(), Message{ID: "ok", Topic: "t"}))
+		require.NoError(t, b.Publish(t.Context(), Message{ID: "fails", Topic: "t"}))
+		time.Sleep(time.Second)
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, seen, 1+3, "ack, retry, retry, term")
+		for i, ss := range seen {
+			sum := ss.Delivered + ss.Deduplicated + ss.DeadLettered + uint64(ss.Queued) + uint64(ss.InFlight)
+			assert.Equal(t, ss.Routed, sum, "settle %d: %+v", i, ss)
+		}
 	})
 }
 
