@@ -173,9 +173,10 @@ type lane struct {
 }
 
 // keyHold is a taken ordering key: n messages own it, and the messages of
-// the key that came after them wait behind, in order. An owner is the message of the key in the lane (queued,
-// running or parked) and each shed one whose dead letter is not stored
-// yet: a later message of the key never starts before they all ended.
+// the key that came after them wait behind, in order. An owner is the
+// message of the key in the lane (queued, running or parked) or a shed one
+// whose dead letter is not stored yet: a later message of the key never
+// starts before they all ended.
 type keyHold struct {
 	n       int
 	waiting fifo.Ring[laneItem]
