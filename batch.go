@@ -67,7 +67,11 @@ func (e *BatchError) Unwrap() []error {
 // faster than Publish from one goroutine.
 func (b *Broker) PublishBatch(ctx context.Context, msgs []Message) error {
 	errs := make([]error, len(msgs))
-	if bt, ok := b.remoteBatch(); ok {
+	var bt BatchTransport
+	if b.remote != nil {
+		bt, _ = b.remote.t.(BatchTransport)
+	}
+	if bt != nil {
 		b.publishRemoteBatch(ctx, bt, msgs, errs)
 	} else {
 		for i := range msgs {
@@ -78,15 +82,6 @@ func (b *Broker) PublishBatch(ctx context.Context, msgs []Message) error {
 		return &BatchError{Errs: errs}
 	}
 	return nil
-}
-
-// remoteBatch returns the broker's transport when it is a BatchTransport.
-func (b *Broker) remoteBatch() (BatchTransport, bool) {
-	if b.remote == nil {
-		return nil, false
-	}
-	bt, ok := b.remote.t.(BatchTransport)
-	return bt, ok
 }
 
 // publishRemoteBatch is PublishBatch over a BatchTransport: each message is
@@ -120,13 +115,11 @@ func (b *Broker) publishRemoteBatch(ctx context.Context, bt BatchTransport, msgs
 	if perr == nil && len(out) != len(ready) {
 		perr = fmt.Errorf("broker: publish batch: the transport answered %d of %d messages", len(out), len(ready))
 	}
-	if perr != nil { // every message gets the batch's error
-		out = make([]error, len(ready))
-		for k := range out {
-			out[k] = perr
-		}
-	}
 	for k, msg := range ready {
-		errs[at[k]] = b.remoteOutcome(ctx, msg, out[k])
+		err := perr // every message gets the batch's error
+		if err == nil {
+			err = out[k]
+		}
+		errs[at[k]] = b.remoteOutcome(ctx, msg, err)
 	}
 }

@@ -241,7 +241,7 @@ func TestLaneStartPushWaitRace(t *testing.T) {
 	for i := 0; i < 50000 && lost == 0; i++ {
 		l := newLane(1, 1, 1, Block, false, nil, false)
 		l.routed, l.shed = &routed, &shed
-		if err := l.push(laneItem{env: envelope{msg: Message{ID: "a"}}}, false); err != nil {
+		if err := l.pushWait(laneItem{env: envelope{msg: Message{ID: "a"}}}, false, nil, nil, nil, nil, nil, nil); err != nil {
 			t.Fatal(err)
 		}
 		var buf [laneBatch]laneItem

@@ -136,3 +136,56 @@ func TestShedMessageHoldsItsKeyUntilStored(t *testing.T) {
 		})
 	}
 }
+
+// A message shed while an earlier message of its Key runs is one more
+// owner of the key: the next message of the Key starts only after both
+// ended (the one running, and the shed one's dead letter stored), whether
+// it was shed arriving (DeadLetterNewest) or held behind the key
+// (DeadLetterOldest, which sheds a held message when none is queued).
+func TestShedMessageHoldsItsKeyWhileItsKeyRuns(t *testing.T) {
+	for _, policy := range []FullLanePolicy{DeadLetterNewest, DeadLetterOldest} {
+		t.Run(policy.String(), func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				log := &keyLog{started: map[string]time.Time{}, stored: map[string]time.Time{}}
+				store := &slowKeyStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil), log: log}
+				b := newTestBroker(t, WithDeadLetterStore(store))
+				release := make(chan struct{})
+				_, err := b.Subscribe("t", "s", func(_ context.Context, m Message) error {
+					log.mu.Lock()
+					log.started[m.ID] = time.Now()
+					log.mu.Unlock()
+					if m.ID == "k1" {
+						<-release
+					}
+					return nil
+				}, LaneSize(1), WhenLaneFull(policy))
+				require.NoError(t, err)
+				pub := func(id, key string) {
+					t.Helper()
+					require.NoError(t, b.Publish(context.Background(), Message{ID: id, Topic: "t", Key: key}))
+					idle()
+				}
+				pub("k1", "K") // runs, and waits
+				if policy == DeadLetterNewest {
+					pub("f1", "f") // the lane is full
+					pub("k2", "K") // shed: the newest
+				} else {
+					pub("k2", "K") // held behind k1: the lane is full
+					pub("f1", "f") // sheds k2: the oldest waiting
+				}
+				close(release) // k1 ends, f1 runs
+				idle()
+				pub("k3", "K")
+				settle(t, b)
+				log.mu.Lock()
+				defer log.mu.Unlock()
+				require.Contains(t, log.stored, "k2", "k2 was shed")
+				require.Contains(t, log.started, "k3")
+				assert.NotContains(t, log.started, "k2")
+				assert.False(t, log.started["k3"].Before(log.stored["k2"]),
+					"k3 started at %v, before k2's dead letter was stored at %v", log.started["k3"], log.stored["k2"])
+				requireConserved(t, b.Stats())
+			})
+		})
+	}
+}

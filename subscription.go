@@ -8,8 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/inproc/broker/internal/queue"
 )
 
 // Subscription is one subscriber on one topic: a name, a handler, a lane of
@@ -179,7 +177,7 @@ func (s *Subscription) breakerChanged(from, to BreakerState) {
 // (claimFor): they are its, and must not vanish.
 func (s *Subscription) routeDispatched(env *envelope) error {
 	t := s.t
-	err := s.route(laneItem{env: *env}, false, nil, nil, t.serve,
+	err := s.lane.pushWait(laneItem{env: *env}, false, s.ctx.Done(), nil, nil, t.serve,
 		func(start time.Time) {
 			t.freePrefix()
 			t.blockStart(s, start)
@@ -206,25 +204,8 @@ var testHookWaited func()
 // message skips the dedup check and is attempted from 1 again.
 func (s *Subscription) routeRedriven(msg Message, cancel <-chan struct{}, deadline <-chan time.Time) error {
 	msg.Attempt = 0
-	return s.route(laneItem{env: envelope{msg: msg}, redriven: true}, true, cancel, deadline, nil, nil, func(time.Duration) {})
-}
-
-// route hands it to the subscriber, waiting for room in its lane when it
-// is full and the policy blocks (or noShed, or the shedder has capacity
-// shed messages to dead-letter already) until cancel is closed or deadline
-// fires (either may be nil), running what arrives on serve (nil: nothing)
-// meanwhile; before and after bracket that wait. It
-// returns nil once the message is the subscriber's responsibility: in its
-// lane, or shed for the shedder to dead-letter because it (or, under
-// DeadLetterOldest, an older one) did not fit. A queue error means it was
-// not routed.
-func (s *Subscription) route(it laneItem, noShed bool, cancel <-chan struct{}, deadline <-chan time.Time,
-	serve <-chan func(), before func(time.Time), after func(time.Duration)) error {
-	err := s.lane.push(it, noShed)
-	if err == queue.ErrFull {
-		err = s.lane.pushWait(it, noShed, s.ctx.Done(), cancel, deadline, serve, before, after)
-	}
-	return err
+	it := laneItem{env: envelope{msg: msg}, redriven: true}
+	return s.lane.pushWait(it, true, s.ctx.Done(), cancel, deadline, nil, nil, func(time.Duration) {})
 }
 
 // startShedder starts the goroutine that dead-letters what the lane sheds
@@ -297,10 +278,7 @@ type shedder struct {
 // tryRouteN hands the subscriber as many of envs, in order, as fit in its
 // lane without waiting or shedding, and returns how many; it stops at the
 // first that does not fit (or meets a closed lane), leaving it to route.
-func (s *Subscription) tryRouteN(envs []envelope) int {
-	k, _ := s.lane.pushN(envs)
-	return k
-}
+func (s *Subscription) tryRouteN(envs []envelope) int { return s.lane.pushN(envs) }
 
 func (s *Subscription) closeLanes() { s.lane.close() }
 

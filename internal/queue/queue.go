@@ -52,30 +52,27 @@ const minAlloc = 16
 // alternating runs the copy cost nothing measurable, W1–W3 -0.6% geomean,
 // so the plain version it is.)
 type Queue[T any] struct {
-	mu       sync.Mutex // guards the fields below but the atomic ones
+	mu       sync.Mutex // guards every field
 	buf      []T        // ring; len(buf) grows by doubling up to limit
 	head     int        // index of the oldest item
-	n        int        // number of items in the ring, taken ones included
+	n        int        // number of items in the ring
 	limit    int        // capacity
 	closed   bool       // no more pushes
 	sleeping bool       // the consumer waits on ready
 	ready    chan struct{}
-	room     Room   // producers waiting for room; Wanted makes TakenN settle at once
+	room     Room   // producers waiting for room
 	pushed   uint64 // items ever pushed
 	idleGap  int64  // see New
 	lastAt   int64  // when the last TryPush pushed, on its caller's clock
-
-	// taken counts the oldest items the consumer has taken (TakenN) without
-	// the lock: they no longer count as queued, and leave the ring at the
-	// next settleLocked.
-	taken atomic.Int64
 }
 
 // Room is where producers wait for room in a bounded queue: the topic
 // queue's and a subscriber lane's. Its owner's lock guards it, except
-// Wanted, which a consumer that makes room without the lock reads after
-// making it: a producer says Want before its last look for room, so one
-// of the two sees the other and no wake-up is missed.
+// Wanted, which a consumer that makes room without the lock (a lane's
+// worker starting a message) reads after making it: a producer says Want
+// before its last look for room, so one of the two sees the other and no
+// wake-up is missed. The topic queue's consumer makes room under the lock,
+// so its producers need neither Want nor Found.
 type Room struct {
 	ch     chan struct{} // closed when room appears; nil while no producer waits
 	wanted atomic.Bool
@@ -133,8 +130,8 @@ func New[T any](capacity int, idleGap int64) *Queue[T] {
 
 // TryPush appends v, pushed at at (nanoseconds on the caller's clock), if
 // there is room, without waiting; it returns ErrFull or ErrClosed
-// otherwise. idle reports that the queue was idle: v is the only item not
-// taken, the consumer sleeps (in Wait), and the previous push was at least
+// otherwise. idle reports that the queue was idle: v is the only item, the
+// consumer sleeps (in Wait), and the previous push was at least
 // the queue's idle gap (see New) before at. TryPush then did not wake the
 // consumer, and the caller either handles v as the consumer would (see the
 // package doc's note on stepping in) or calls Wake.
@@ -142,7 +139,7 @@ func (q *Queue[T]) TryPush(v T, at int64) (idle bool, err error) {
 	q.mu.Lock()
 	err = q.pushLocked(v)
 	if err == nil {
-		idle = q.sleeping && q.n-int(q.taken.Load()) == 1 && at-q.lastAt >= q.idleGap
+		idle = q.sleeping && q.n == 1 && at-q.lastAt >= q.idleGap
 		q.lastAt = max(q.lastAt, at) // publishers stamp at before the lock, in any order
 	}
 	if idle {
@@ -166,14 +163,6 @@ func (q *Queue[T]) PushWait(v T, stop1, stop2 <-chan struct{}, deadline <-chan t
 	for {
 		q.mu.Lock()
 		err := q.pushLocked(v)
-		if err == ErrFull {
-			// Say so before looking again: a consumer taking an item after
-			// that look sees it and settles (see TakenN).
-			q.room.Want()
-			if err = q.pushLocked(v); err != ErrFull {
-				q.room.Found()
-			}
-		}
 		if err != ErrFull {
 			q.unlockAfterPush(err == nil)
 			return err
@@ -198,27 +187,15 @@ func (q *Queue[T]) pushLocked(v T) error {
 		return ErrClosed
 	}
 	if q.n == q.limit {
-		q.settleLocked() // what the consumer has taken makes room
-	}
-	if q.n == q.limit {
 		return ErrFull
 	}
-	q.appendLocked(v)
-	return nil
-}
-
-// appendLocked appends v to a queue with room, growing the ring if needed.
-func (q *Queue[T]) appendLocked(v T) {
 	if q.n == len(q.buf) {
 		q.grow()
 	}
-	i := q.head + q.n
-	if i >= len(q.buf) {
-		i -= len(q.buf)
-	}
-	q.buf[i] = v
+	q.buf[q.index(q.n)] = v
 	q.n++
 	q.pushed++
+	return nil
 }
 
 // unlockAfterPush releases the lock and, if something was pushed while the
@@ -234,21 +211,20 @@ func (q *Queue[T]) unlockAfterPush(pushed bool) {
 	}
 }
 
-// grow doubles the ring (up to limit).
-func (q *Queue[T]) grow() { q.resize(min(len(q.buf)*2, q.limit)) }
-
-// resize moves the items to a ring of size slots (at least n), unrolled so
-// head is 0.
-func (q *Queue[T]) resize(size int) {
-	nb := make([]T, size)
-	if q.head+q.n <= len(q.buf) {
-		copy(nb, q.buf[q.head:q.head+q.n])
-	} else {
-		k := copy(nb, q.buf[q.head:])
-		copy(nb[k:], q.buf[:q.n-k])
+// index returns the ring index of the i-th oldest item.
+func (q *Queue[T]) index(i int) int {
+	if i += q.head; i >= len(q.buf) {
+		i -= len(q.buf)
 	}
-	q.buf = nb
-	q.head = 0
+	return i
+}
+
+// grow doubles the full ring (up to limit), unrolled so head is 0.
+func (q *Queue[T]) grow() {
+	nb := make([]T, min(len(q.buf)*2, q.limit))
+	k := copy(nb, q.buf[q.head:])
+	copy(nb[k:], q.buf[:q.head])
+	q.buf, q.head = nb, 0
 }
 
 func (q *Queue[T]) wake() {
@@ -258,12 +234,11 @@ func (q *Queue[T]) wake() {
 	}
 }
 
-// Wait waits until the queue holds an item not taken and reports true, or
+// Wait waits until the queue holds an item and reports true, or
 // reports false when the queue is closed and empty or stop is closed.
 func (q *Queue[T]) Wait(stop <-chan struct{}) bool {
 	for {
 		q.mu.Lock()
-		q.settleLocked()
 		if q.n > 0 {
 			q.mu.Unlock()
 			return true
@@ -285,70 +260,46 @@ func (q *Queue[T]) Wait(stop <-chan struct{}) bool {
 	}
 }
 
-// Peek copies up to len(buf) of the oldest items not yet taken into buf,
+// Peek copies up to len(buf) of the oldest items into buf,
 // in order, and returns them, without removing them from the queue; it
 // does not wait. The consumer handles them and then calls TakenN, in
-// order: from then on a Snapshot no longer counts it, and it leaves the
-// ring at the next lock (the consumer's next call, or a producer's that
-// finds the ring full).
+// order, which removes them.
 func (q *Queue[T]) Peek(buf []T) []T {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.settleLocked()
 	k := min(q.n, len(buf))
 	first := copy(buf[:k], q.buf[q.head:min(q.head+k, len(q.buf))])
 	copy(buf[first:k], q.buf) // the rest, past the ring's end
 	return buf[:k]
 }
 
-// Range appends to buf, in order, the items still in the queue (taken or
-// not) that were the from-th to the (to-1)-th pushed, counting every push
+// Range appends to buf, in order, the items still in the queue that were the from-th to the (to-1)-th pushed, counting every push
 // from 0, and returns it. Items no longer in the queue are skipped.
 func (q *Queue[T]) Range(from, to uint64, buf []T) []T {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	first := q.pushed - uint64(q.n) // the oldest item in the ring
 	for seq := max(from, first); seq < min(to, q.pushed); seq++ {
-		buf = append(buf, q.buf[(q.head+int(seq-first))%len(q.buf)])
+		buf = append(buf, q.buf[q.index(int(seq-first))])
 	}
 	return buf
 }
 
-// TakenN marks the k oldest items not yet taken as taken (see Peek),
-// once the consumer has read them: it must not read them again. Only the
-// consumer may call it, for items of its view. It takes no lock unless a
-// producer waits for room.
+// TakenN removes the k oldest items (see Peek), once the consumer has
+// read them: only the consumer may call it, for items it peeked. (More
+// than are queued would be a consumer bug: it removes what there is.)
 func (q *Queue[T]) TakenN(k int) {
 	if k <= 0 {
 		return
 	}
-	q.taken.Add(int64(k))
-	if q.room.Wanted() {
-		q.mu.Lock()
-		q.settleLocked()
-		q.mu.Unlock()
-	}
-}
-
-// settleLocked removes the items the consumer has taken. The consumer does
-// it whenever it holds the lock, a producer when the ring is full.
-func (q *Queue[T]) settleLocked() {
-	if k := q.taken.Load(); k > 0 {
-		q.taken.Add(-k)        // the consumer may have taken more meanwhile
-		k = min(k, int64(q.n)) // more than queued would be a consumer bug: not removing unread items is all we can do
-		for range k {
-			q.removeLocked()
-		}
-	}
-}
-
-func (q *Queue[T]) removeLocked() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	var zero T
-	q.buf[q.head] = zero // drop references for the garbage collector
-	if q.head++; q.head == len(q.buf) {
-		q.head = 0
+	for range min(k, q.n) {
+		q.buf[q.head] = zero // drop references for the garbage collector
+		q.head = q.index(1)
+		q.n--
 	}
-	q.n--
 	q.room.Open()
 }
 
@@ -366,16 +317,12 @@ func (q *Queue[T]) Close() {
 	q.wake()
 }
 
-// CloseIfEmpty closes the queue if it holds nothing, taken items included,
-// and no producer waits for room; it reports whether this call closed it.
+// CloseIfEmpty closes the queue if it holds nothing and no producer waits
+// for room; it reports whether this call closed it.
 func (q *Queue[T]) CloseIfEmpty() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.settleLocked()
-	if q.closed {
-		return false
-	}
-	if q.n > 0 || q.room.Waiting() {
+	if q.closed || q.n > 0 || q.room.Waiting() {
 		return false
 	}
 	q.closed = true
@@ -394,8 +341,8 @@ func (q *Queue[T]) Cap() int { return q.limit }
 
 // Snapshot is a queue's state at one moment.
 type Snapshot[T any] struct {
-	Head   T      // a copy of the oldest item not taken; zero when Len is 0
-	Len    int    // items queued, taken ones not included
+	Head   T      // a copy of the oldest item; zero when Len is 0
+	Len    int    // items queued
 	Pushed uint64 // items ever pushed
 }
 
@@ -403,14 +350,9 @@ type Snapshot[T any] struct {
 func (q *Queue[T]) Snapshot() Snapshot[T] {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	k := int(q.taken.Load())
-	st := Snapshot[T]{Len: q.n - k, Pushed: q.pushed}
-	if st.Len > 0 {
-		i := q.head + k
-		if i >= len(q.buf) {
-			i -= len(q.buf)
-		}
-		st.Head = q.buf[i]
+	st := Snapshot[T]{Len: q.n, Pushed: q.pushed}
+	if q.n > 0 {
+		st.Head = q.buf[q.head]
 	}
 	return st
 }

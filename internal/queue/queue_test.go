@@ -224,9 +224,6 @@ func pop[T any](q *Queue[T]) (v T, ok bool) {
 	}
 	view := q.Peek(make([]T, 1))
 	q.TakenN(1)
-	q.mu.Lock()
-	q.settleLocked()
-	q.mu.Unlock()
 	return view[0], true
 }
 
@@ -326,8 +323,8 @@ func TestTakeWait(t *testing.T) {
 	})
 }
 
-// A producer waiting for room is woken when the consumer settles items it
-// took, not only when it pops them.
+// A producer waiting for room is woken when the consumer marks items it
+// took.
 func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		q := New[int](1, 0)
@@ -337,14 +334,14 @@ func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 		require.Equal(t, []int{1}, view)
 		assert.ErrorIs(t, push(q, 2), ErrFull, "not taken yet")
 		q.TakenN(1)
-		require.NoError(t, push(q, 2), "settled by the producer")
+		require.NoError(t, push(q, 2), "the taken item made room")
 		done := make(chan error)
 		go func() { done <- q.PushWait(3, nil, nil, nil) }()
 		synctest.Wait()
 		view, ok = take(q, nil, 1)
 		require.True(t, ok)
 		require.Equal(t, []int{2}, view)
-		q.TakenN(1) // a producer waits: settles at once
+		q.TakenN(1) // a producer waits: woken
 		assert.NoError(t, <-done, "room while the consumer works on the item it took")
 		assert.Equal(t, 1, q.Snapshot().Len)
 		view, ok = take(q, nil, 1)
@@ -353,14 +350,14 @@ func TestTakenMakesRoomForAWaitingProducer(t *testing.T) {
 	})
 }
 
-// A consumer that marks more items taken than it read (a bug) loses no
-// unread item: the excess is dropped when the queue settles.
+// A consumer that marks more items taken than are queued (a bug) loses no
+// item pushed later: the excess is dropped.
 func TestTakenNBeyondTheQueue(t *testing.T) {
 	q := New[int](3, 0)
 	_, _ = tryPushN(q, []int{1, 2, 3})
 	require.Len(t, takeView(t, q, 3), 3)
 	q.TakenN(5)
-	k, err := tryPushN(q, []int{4, 5, 6}) // full: settles
+	k, err := tryPushN(q, []int{4, 5, 6})
 	require.NoError(t, err)
 	require.Equal(t, 3, k)
 	assert.Equal(t, []int{4, 5, 6}, takeView(t, q, 3), "nothing unread removed")
@@ -437,11 +434,6 @@ func TestConcurrentTakeStress(t *testing.T) {
 						bad.Add(1)
 					}
 					pushed = st.Pushed
-					q.mu.Lock()
-					if q.room.Wanted() && !q.room.Waiting() { // a flag no waiting producer clears: every Taken would lock
-						bad.Add(1)
-					}
-					q.mu.Unlock()
 				}
 			})
 			r := rand.New(rand.NewPCG(99, uint64(capacity)))
@@ -471,15 +463,15 @@ func TestConcurrentTakeStress(t *testing.T) {
 			wg.Wait()
 			close(stop)
 			reader.Wait()
-			assert.Zero(t, bad.Load(), "snapshots out of range, or Wanted without a waiting producer")
+			assert.Zero(t, bad.Load(), "snapshots out of range")
 			assert.Equal(t, Snapshot[stressItem]{Pushed: producers * each}, q.Snapshot())
-			assert.False(t, q.room.Wanted(), "no producer waits: TakenN must not lock")
+			assert.False(t, q.room.Waiting(), "no producer waits")
 		})
 	}
 }
 
-// TestRange reads items by their push number across the ring's wrap, taken
-// ones included until they settle, and skips what has left the queue.
+// TestRange reads items by their push number across the ring's wrap, and
+// skips what has left the queue (popped or taken).
 func TestRange(t *testing.T) {
 	q := New[int](8, 0)
 	for i := range 6 {
@@ -495,15 +487,15 @@ func TestRange(t *testing.T) {
 	batch, ok := take(q, nil, 2)
 	require.True(t, ok)
 	require.Equal(t, []int{4, 5}, batch)
-	q.TakenN(2) // taken, not settled: still in the ring
+	q.TakenN(2) // taken: gone
 
 	tests := []struct {
 		from, to uint64
 		want     []int
 	}{
-		{0, 4, nil},            // popped
-		{2, 7, []int{4, 5, 6}}, // the popped part skipped
-		{4, 12, []int{4, 5, 6, 7, 8, 9, 10, 11}},
+		{0, 4, nil},      // popped
+		{2, 7, []int{6}}, // the popped and taken part skipped
+		{4, 12, []int{6, 7, 8, 9, 10, 11}},
 		{9, 20, []int{9, 10, 11}}, // nothing pushed past 11
 		{7, 7, nil},
 		{8, 3, nil},
