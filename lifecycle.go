@@ -178,7 +178,7 @@ func (s *Subscription) Unsubscribe(ctx context.Context) error {
 		ctx = context.Background()
 	}
 	if s.remote != nil {
-		return s.endOnce(ctx, func() error { return s.stopRemote(ctx, errUnsubscribed) })
+		return s.endOnce(ctx, func() error { return s.stopRemote(ctx, errUnsubscribed, ShutdownGrace) })
 	}
 	return s.endOnce(ctx, func() error { return s.unsubscribeInMemory(ctx) })
 }
