@@ -142,9 +142,9 @@ func (p *pipeline) turn(ctx context.Context, it *laneItem, h *hand, i int, d Del
 		if stored && !it.redriven && !h.at(i, 0) {
 			return turnResult{ended: true}
 		}
-		if !it.redriven && p.seenIn(h, &ref) {
+		if !it.redriven && p.seen(h, &ref) {
 			h.at(i, 0) // no-op after the one above
-			p.rec.deduplicatedIn(h, msg, nil)
+			p.rec.deduplicated(h, msg, nil)
 			return turnResult{ended: true}
 		}
 	}
@@ -193,15 +193,16 @@ func (p *pipeline) turn(ctx context.Context, it *laneItem, h *hand, i int, d Del
 		if p.mem != nil {
 			p.mem.record(ref.slot)
 		}
-		p.rec.countDelivered(h, msg, took)
+		p.rec.delivered(h, msg, took)
 		return turnResult{ended: true, health: healthOK}
 	}
 	if !h.leave() {
 		return turnResult{abandoned: true, err: err}
 	}
 	if err == nil {
-		p.recordIn(h, &ref)
-		p.rec.deliveredIn(h, msg, took)
+		if p.record(h, &ref); h.end() {
+			p.rec.delivered(h, msg, took)
+		}
 		return turnResult{ended: true, health: healthOK}
 	}
 	p.rec.c.failed.Add(1)
@@ -230,7 +231,7 @@ func (p *pipeline) after(ctx context.Context, it *laneItem, err error, f failure
 		hl = healthFail
 	}
 	if p.held && ctx.Err() != nil {
-		p.rec.retrying(msg, s.took, 0, s.fault)
+		p.rec.retrying(nil, msg, s.took, 0, s.fault)
 		return turnResult{cutOff: true, health: hl}
 	}
 	if s.outcome == OutcomeRetry && p.budget != nil && !p.budget.spend(time.Now()) {
@@ -246,7 +247,7 @@ func (p *pipeline) after(ctx context.Context, it *laneItem, err error, f failure
 		*it.last = s               // before the event: a stop that abandons its hook copies it
 		h.update(handJudged, 0, 0) // a Goexit in the event parks it (see worker.replace)
 	}
-	p.rec.retryingIn(h, msg, s.took, s.delay, s.fault)
+	p.rec.retrying(h, msg, s.took, s.delay, s.fault)
 	return turnResult{delay: s.delay, health: hl}
 }
 
@@ -262,7 +263,7 @@ func (p *pipeline) deadLetter(d Delivery, h *hand, msg *Message, took timing, re
 			rec = &named
 		}
 	}
-	if err := rec.deadLetterThen(msg, took, reason, f, attempted, nil, h); p.held && err != nil && !errors.Is(err, ErrDeadLetterRefused) {
+	if err := rec.deadLetter(msg, took, reason, f, attempted, nil, h); p.held && err != nil && !errors.Is(err, ErrDeadLetterRefused) {
 		return turnResult{cutOff: true, health: hl}
 	}
 	return turnResult{ended: true, reason: reason, health: hl}
@@ -295,36 +296,36 @@ func (p *pipeline) goexited(ctx context.Context, it *laneItem, h *hand) turnResu
 // the message as last delivered with that attempt's failure (whose event
 // was already emitted).
 func (p *pipeline) cutOff(ctx context.Context, it *laneItem, h *hand, counted func()) {
-	msg := &it.env.msg
-	if p.dedup != nil && !it.redriven {
-		if d := p.dedupKey(&it.env, false); p.seenIn(h, &d) {
-			p.rec.deduplicatedIn(h, msg, counted)
-			return
-		}
-	}
-	if it.last == nil || msg.Attempt == 0 {
-		p.rec.deadLetterThen(msg, timing{}, abortReason(ctx), brokerFault(abortCode(ctx), context.Cause(ctx)), false, counted, h)
+	if it.last == nil || it.env.msg.Attempt == 0 {
+		p.unrun(it, abortReason(ctx), brokerFault(abortCode(ctx), context.Cause(ctx)), counted, h)
 		return
 	}
-	p.rec.deadLetterThen(msg, timing{}, abortReason(ctx), it.last.fault, false, counted, h)
+	p.unrun(it, abortReason(ctx), it.last.fault, counted, h)
 }
 
 // overflow dead-letters it, shed from a full lane, and calls counted once
-// it ended. A copy of an ID already delivered here is deduplicated instead
-// (redriving its dead letter would run a delivered ID again).
+// it ended (see unrun).
 func (p *pipeline) overflow(it *laneItem, counted func(), h *hand) {
+	if it.last != nil {
+		p.unrun(it, ReasonOverflow, it.last.fault, counted, h)
+		return
+	}
+	p.unrun(it, ReasonOverflow, p.overflowFault, counted, h)
+}
+
+// unrun ends it without an attempt: dead-lettered with reason and f,
+// calling counted once it ended. A copy of an ID already delivered here is
+// deduplicated instead (redriving its dead letter would run a delivered ID
+// again).
+func (p *pipeline) unrun(it *laneItem, reason string, f fault, counted func(), h *hand) {
 	msg := &it.env.msg
 	if p.dedup != nil && !it.redriven {
-		if d := p.dedupKey(&it.env, false); p.seenIn(h, &d) {
-			p.rec.deduplicatedIn(h, msg, counted)
+		if d := p.dedupKey(&it.env, false); p.seen(h, &d) {
+			p.rec.deduplicated(h, msg, counted)
 			return
 		}
 	}
-	if it.last != nil {
-		p.rec.deadLetterThen(msg, timing{}, ReasonOverflow, it.last.fault, false, counted, h)
-		return
-	}
-	p.rec.deadLetterThen(msg, timing{}, ReasonOverflow, p.overflowFault, false, counted, h)
+	p.rec.deadLetter(msg, timing{}, reason, f, false, counted, h)
 }
 
 // dedupRef names one message at this subscriber for the idempotency store:
@@ -359,14 +360,12 @@ func (p *pipeline) dedupKey(env *envelope, redriven bool) dedupRef {
 	return dedupRef{slot: p.mem.slotFor(p.salt, h, now)}
 }
 
-// seen asks the idempotency store whether d was delivered. A store error
-// counts as "not seen": a duplicate is within the contract, a loss is not.
-// The store gets the subscription's store ctx (see storeContext).
-func (p *pipeline) seen(d *dedupRef) bool { return p.seenIn(nil, d) }
-
-// seenIn is seen by the goroutine whose hand is h: false if a stop
-// abandoned it meanwhile.
-func (p *pipeline) seenIn(h *hand, d *dedupRef) bool {
+// seen asks the idempotency store whether d was delivered, for the
+// goroutine whose hand is h: false if a stop abandoned it meanwhile. A
+// store error counts as "not seen": a duplicate is within the contract, a
+// loss is not. The store gets the subscription's store ctx (see
+// storeContext).
+func (p *pipeline) seen(h *hand, d *dedupRef) bool {
 	if p.mem != nil {
 		return p.mem.seen(d.slot)
 	}
@@ -384,11 +383,9 @@ func (p *pipeline) seenIn(h *hand, d *dedupRef) bool {
 	return seen
 }
 
-// record tells the idempotency store that d was delivered.
-func (p *pipeline) record(d *dedupRef) { p.recordIn(nil, d) }
-
-// recordIn is record by the goroutine whose hand is h.
-func (p *pipeline) recordIn(h *hand, d *dedupRef) {
+// record tells the idempotency store that d was delivered, for the
+// goroutine whose hand is h.
+func (p *pipeline) record(h *hand, d *dedupRef) {
 	if p.mem != nil {
 		p.mem.record(d.slot)
 		return

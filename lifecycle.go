@@ -178,7 +178,7 @@ func (s *Subscription) Unsubscribe(ctx context.Context) error {
 		ctx = context.Background()
 	}
 	if s.remote != nil {
-		return s.endOnce(ctx, func() error { return s.stopRemote(ctx, errUnsubscribed) })
+		return s.endOnce(ctx, func() error { return s.stopRemote(ctx, errUnsubscribed, ShutdownGrace) })
 	}
 	return s.endOnce(ctx, func() error { return s.unsubscribeInMemory(ctx) })
 }
@@ -447,7 +447,7 @@ func (s *Subscription) cut(c *cutter) {
 		case cutOverflowed:
 			s.pipe.overflow(&j.it, func() { s.c.inFlight.Add(-1) }, &c.h)
 		case cutAbandoned:
-			s.pipe.rec.deadLetterThen(&j.it.env.msg, timing{}, abortReason(s.ctx), abandonedFault(s.ctx), true,
+			s.pipe.rec.deadLetter(&j.it.env.msg, timing{}, abortReason(s.ctx), abandonedFault(s.ctx), true,
 				func() { s.c.inFlight.Add(-1) }, &c.h)
 		default:
 			s.pipe.cutOff(s.ctx, &j.it, &c.h, func() { s.c.inFlight.Add(-1) })
@@ -467,61 +467,44 @@ func (s *Subscription) cut(c *cutter) {
 func (s *Subscription) giveUp() {
 	s.wmu.Lock()
 	cutters := slices.Clone(s.cutters)
-	s.wmu.Unlock()
-	reason := abortReason(s.ctx)
-	for _, c := range cutters {
-		if w, from, n, ok := c.h.abandon(false); ok {
-			var ids []string
-			for _, j := range c.jobs[from:n] {
-				why := reason
-				if j.kind == cutOverflowed {
-					why = ReasonOverflow
-				}
-				s.c.inFlight.Add(-1)
-				s.lostAtDeadline(why)
-				ids = append(ids, j.it.env.msg.ID)
-			}
-			s.gaveUp(w, ids)
-		}
-	}
-	s.wmu.Lock()
 	ws := slices.Collect(maps.Keys(s.ws))
 	sh := s.shedder
 	s.wmu.Unlock()
-	if sh != nil {
-		if w, from, n, ok := sh.h.abandon(false); ok {
-			var ids []string
-			for k := from; k < n; k++ { // the shedder touches its batch no more
-				s.c.inFlight.Add(-1)
-				s.lostAtDeadline(ReasonOverflow)
-				ids = append(ids, sh.buf[k].env.msg.ID)
+	reason := abortReason(s.ctx)
+	for _, c := range cutters {
+		s.giveUpOn(&c.h, true, func(k int) (*laneItem, string) {
+			if c.jobs[k].kind == cutOverflowed {
+				return &c.jobs[k].it, ReasonOverflow
 			}
-			s.gaveUp(w, ids)
-		}
+			return &c.jobs[k].it, reason
+		})
 	}
-	for _, wk := range ws {
-		if w, from, n, ok := wk.h.abandon(false); ok {
-			var ids []string
-			for k := from; k < n; k++ {
-				s.lostAtDeadline(reason)
-				ids = append(ids, wk.buf[k].env.msg.ID) // the worker writes no ID
-			}
-			s.gaveUp(w, ids)
-		}
+	if sh != nil { // the shedder touches its batch no more
+		s.giveUpOn(&sh.h, true, func(k int) (*laneItem, string) { return &sh.buf[k], ReasonOverflow })
+	}
+	for _, w := range ws { // the worker writes no ID
+		s.giveUpOn(&w.h, false, func(k int) (*laneItem, string) { return &w.buf[k], reason })
 	}
 }
 
-// lostAtDeadline counts a message the stop gave up on at its deadline:
-// dead-lettered with reason, in no store.
-func (s *Subscription) lostAtDeadline(reason string) {
-	s.c.dlErrors.Add(1)
-	s.c.deadLettered.Add(1)
-	s.countDeadLetter(reason, true)
-}
-
-// gaveUp counts and logs a goroutine the stop gave up on at its deadline
-// (w: its hand's word then), with the IDs of the messages it held.
-func (s *Subscription) gaveUp(w uint64, ids []string) {
+// giveUpOn gives up on the goroutine whose hand is h (see giveUp): the
+// messages it held and had not ended (item k: the message and its
+// dead-letter reason) count lost, and out of flight if inFlight says the
+// stop counted them in flight (a cutter's, the shedder's).
+func (s *Subscription) giveUpOn(h *hand, inFlight bool, item func(k int) (*laneItem, string)) {
+	w, from, n, ok := h.abandon(false)
+	if !ok {
+		return
+	}
+	var ids []string
+	for k := from; k < n; k++ {
+		it, why := item(k)
+		if inFlight {
+			s.c.inFlight.Add(-1)
+		}
+		s.lostAtDeadline(why)
+		ids = append(ids, it.env.msg.ID)
+	}
 	if w&handPlug != 0 {
 		s.abandoned.Add(1)
 	}
@@ -532,6 +515,14 @@ func (s *Subscription) gaveUp(w uint64, ids []string) {
 			slog.String("topic", s.topicName), slog.String("subscriber", s.name),
 			slog.String("reason", abortReason(s.ctx)), slog.Any("message_ids", ids))
 	}
+}
+
+// lostAtDeadline counts a message the stop gave up on at its deadline:
+// dead-lettered with reason, in no store.
+func (s *Subscription) lostAtDeadline(reason string) {
+	s.c.dlErrors.Add(1)
+	s.c.deadLettered.Add(1)
+	s.countDeadLetter(reason, true)
 }
 
 // countDeadLetter counts a dead letter by reason (and whether no store

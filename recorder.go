@@ -138,19 +138,10 @@ func brokerFault(code string, err error) fault {
 	return fault{code: code, err: err, text: err.Error()}
 }
 
-func (r *recorder) delivered(msg *Message, t timing) { r.deliveredIn(nil, msg, t) }
-
-// deliveredIn is delivered by the goroutine whose hand is h: nothing if a
-// stop abandoned it (the stop counted the message). So are the other
-// ...In methods.
-func (r *recorder) deliveredIn(h *hand, msg *Message, t timing) {
-	if h.end() {
-		r.countDelivered(h, msg, t)
-	}
-}
-
-// countDelivered is delivered once h claimed the end.
-func (r *recorder) countDelivered(h *hand, msg *Message, t timing) {
+// delivered counts msg delivered, by the goroutine whose hand is h (nil:
+// none) once h claimed its end (h.end). The recorder's methods with a hand
+// record nothing if a stop abandoned it (the stop counted the message).
+func (r *recorder) delivered(h *hand, msg *Message, t timing) {
 	r.c.delivered.Add(1)
 	r.attempted(h, msg, t, "", false, OutcomeDelivered, 0, nil)
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {
@@ -158,11 +149,9 @@ func (r *recorder) countDelivered(h *hand, msg *Message, t timing) {
 	}
 }
 
-func (r *recorder) deduplicated(msg *Message) { r.deduplicatedIn(nil, msg, nil) }
-
-// deduplicatedIn returns false if a stop abandoned h. counted, if not nil,
-// runs once the message is counted, before its event.
-func (r *recorder) deduplicatedIn(h *hand, msg *Message, counted func()) bool {
+// deduplicated counts msg deduplicated; false if a stop abandoned h.
+// counted, if not nil, runs once the message is counted, before its event.
+func (r *recorder) deduplicated(h *hand, msg *Message, counted func()) bool {
 	if !h.end() {
 		return false
 	}
@@ -185,11 +174,7 @@ func (r *recorder) deduplicatedIn(h *hand, msg *Message, counted func()) bool {
 	return true
 }
 
-func (r *recorder) retrying(msg *Message, t timing, delay time.Duration, f fault) {
-	r.retryingIn(nil, msg, t, delay, f)
-}
-
-func (r *recorder) retryingIn(h *hand, msg *Message, t timing, delay time.Duration, f fault) {
+func (r *recorder) retrying(h *hand, msg *Message, t timing, delay time.Duration, f fault) {
 	r.c.retries.Add(1)
 	r.attempted(h, msg, t, f.code, true, OutcomeRetry, delay, f.err)
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {
@@ -201,16 +186,10 @@ func (r *recorder) retryingIn(h *hand, msg *Message, t timing, delay time.Durati
 // deadLetter puts msg into the store, then counts it; the dead letter is in
 // the store before it is counted. attempted says that msg.Attempt just ran
 // and has no event yet. It returns the store's error when the store refused
-// the dead letter until the stop's deadline.
-func (r *recorder) deadLetter(msg *Message, t timing, reason string, f fault, attempted bool) error {
-	return r.deadLetterThen(msg, t, reason, f, attempted, nil, nil)
-}
-
-// deadLetterThen is deadLetter, calling counted (if not nil) as soon as the
-// dead letter is stored and counted, before any event or log line, by the
-// goroutine whose hand is h: if a stop abandoned it, nothing is counted
-// (the stop counted the message).
-func (r *recorder) deadLetterThen(msg *Message, t timing, reason string, f fault, attempted bool, counted func(), h *hand) error {
+// the dead letter until the stop's deadline. counted, if not nil, runs as
+// soon as the dead letter is stored and counted, before any event or log
+// line.
+func (r *recorder) deadLetter(msg *Message, t timing, reason string, f fault, attempted bool, counted func(), h *hand) error {
 	code, retryable := f.code, f.retryable
 	dl := DeadLetter{
 		ID:         r.newID(),

@@ -174,7 +174,9 @@ func (r *remote) topicLocked(name string) *remoteTopic {
 
 // remoteSub is the transport's part of a Subscription.
 type remoteSub struct {
-	ts TransportSubscription
+	ts   TransportSubscription
+	once sync.Once      // starts stop
+	stop *transportCall // the transport's Stop, started by the first stop
 }
 
 // Transport returns the transport the broker was built with
@@ -272,6 +274,7 @@ func (b *Broker) subscribeRemote(topicName, name string, sc subConfig, policy Re
 
 	s := &Subscription{b: b, topicName: topicName, name: name, c: c, workers: sc.concurrency,
 		unsubbed: make(chan struct{}),
+		stopped:  make(chan struct{}),
 		remote:   &remoteSub{},
 	}
 	s.hold = newHold(s, sc)
@@ -449,30 +452,21 @@ func (p *pipeline) tell(op string, err error) {
 		slog.String("topic", p.rec.topic), slog.String("subscriber", p.rec.subscriber), slog.String("error", err.Error()))
 }
 
-// stopRemote stops the transport's subscription: graceful until ctx
-// ends, then handlers' contexts are cancelled (cause ErrUnsubscribed or
-// ErrClosed) and it waits at most ShutdownGrace more, the stop's
-// deadline. Unfinished messages stay with the transport.
-func (s *Subscription) stopRemote(ctx context.Context, cause error) error {
-	stopped := s.b.callTransport("Stop", func() error { return s.remote.ts.Stop(context.WithoutCancel(ctx)) }) // ends when no Deliver runs
-	var err error
-	select {
-	case err = <-stopped:
-	case <-ctx.Done():
-		s.cancel(cause)
-		grace := time.NewTimer(ShutdownGrace)
-		select {
-		case err = <-stopped:
-		case <-grace.C:
-			// The transport's Stop (a handler that ignores its cancelled
-			// context, or the transport itself) is abandoned.
-			s.b.cfg.logger.LogAttrs(context.Background(), slog.LevelError,
-				"broker: the transport's Stop had not returned ShutdownGrace after the stop's ctx ended (a handler ignoring its cancelled context, or the transport): abandoned",
-				slog.String("topic", s.topicName), slog.String("subscriber", s.name))
-			err = &DrainError{Reason: abortReason(s.ctx), Abandoned: 1, Err: ctx.Err()}
-		}
-		grace.Stop()
-	}
+// stopRemote is a stop of the transport's subscription (Unsubscribe's,
+// or Close's for each subscription): the transport's Stop, started by the
+// first stop, is waited for until ctx ends; then the handlers' contexts
+// are cancelled (cause ErrUnsubscribed or ErrClosed) and the stop that
+// cut the subscription off waits at most grace more (Unsubscribe:
+// ShutdownGrace, its deadline; Close: handlerGrace, the rest is for the
+// transport's Close), and counts the call abandoned then. Another stop waits for the call or
+// that deadline (s.stopped) and counts nothing. Unfinished messages stay
+// with the transport.
+func (s *Subscription) stopRemote(ctx context.Context, cause error, grace time.Duration) error {
+	rs := s.remote
+	rs.once.Do(func() {
+		rs.stop = s.b.callTransport("Stop", func() error { return rs.ts.Stop(context.WithoutCancel(ctx)) }) // ends when no Deliver runs
+	})
+	err := s.awaitStop(ctx, cause, grace, rs.stop)
 	s.cancel(errReleased)
 	s.hold.stop()
 	r := s.b.remote
@@ -485,20 +479,69 @@ func (s *Subscription) stopRemote(ctx context.Context, cause error) error {
 	return err
 }
 
+// awaitStop waits for the transport's Stop (call) for the stop of cause,
+// as stopRemote says.
+func (s *Subscription) awaitStop(ctx context.Context, cause error, grace time.Duration, call *transportCall) error {
+	select {
+	case <-call.done:
+		return call.err
+	case <-ctx.Done():
+	case <-s.ctx.Done(): // another stop cut it off (or the call returned and a stop ended)
+	}
+	s.cancel(cause)
+	if context.Cause(s.ctx) != cause { // the other stop's: it counts the call
+		waitOr(call.done, s.stopped)
+		return call.result()
+	}
+	defer close(s.stopped)
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-call.done:
+		return call.err
+	case <-timer.C:
+	}
+	// The transport's Stop (a handler that ignores its cancelled context,
+	// or the transport itself) is abandoned.
+	s.b.cfg.logger.LogAttrs(context.Background(), slog.LevelError,
+		"broker: the transport's Stop had not returned in the stop's grace after its ctx ended (a handler ignoring its cancelled context, or the transport): abandoned",
+		slog.String("topic", s.topicName), slog.String("subscriber", s.name))
+	return &DrainError{Reason: abortReason(s.ctx), Abandoned: 1, Err: ctx.Err()}
+}
+
+// transportCall is a call of the transport's (Stop, Close) on a goroutine
+// of its own: err is set before done is closed.
+type transportCall struct {
+	done chan struct{}
+	err  error
+}
+
+// result is the call's error once it returned, else nil.
+func (c *transportCall) result() error {
+	select {
+	case <-c.done:
+		return c.err
+	default:
+		return nil
+	}
+}
+
 // callTransport runs the transport's method op (f) on a goroutine of its
 // own, for a stop to wait for until its deadline; guarded: a panic or a
 // runtime.Goexit in it is its error.
-func (b *Broker) callTransport(op string, f func() error) <-chan error {
-	done := make(chan error, 1)
+func (b *Broker) callTransport(op string, f func() error) *transportCall {
+	c := &transportCall{done: make(chan struct{})}
 	go func() {
-		err := fmt.Errorf("broker: transport %s called runtime.Goexit", op)
-		defer func() { done <- err }()
-		err = b.guard.call("Transport", op, f)
+		defer close(c.done)
+		c.err = fmt.Errorf("broker: transport %s called runtime.Goexit", op)
+		c.err = b.guard.call("Transport", op, f)
 	}()
-	return done
+	return c
 }
 
-// closeRemote is Close with a transport: it stops every subscription,
+// closeRemote is Close with a transport: it stops every subscription
+// (stopRemote: the Stop calls abandoned by a stop of its own count in its
+// DrainError, not those an Unsubscribe that cut one off first abandoned),
 // then closes the transport, by ShutdownGrace after ctx ended; a
 // transport's Close still running then is abandoned (logged).
 func (b *Broker) closeRemote(ctx context.Context) error {
@@ -517,14 +560,14 @@ func (b *Broker) closeRemote(ctx context.Context) error {
 	errs := make([]error, len(subs)+1)
 	var wg sync.WaitGroup
 	for i, s := range subs {
-		wg.Go(func() { errs[i] = s.endOnce(ctx, func() error { return s.stopRemote(ctx, errShutdown) }) })
+		wg.Go(func() { errs[i] = s.stopRemote(ctx, errShutdown, handlerGrace) })
 	}
 	wg.Wait()
 	b.abort(errShutdown)
 	closed := b.callTransport("Close", func() error { return r.t.Close(ctx) })
-	select {
-	case errs[len(subs)] = <-closed:
-	case <-deadline.Done():
+	if waitOr(closed.done, deadline.Done()) {
+		errs[len(subs)] = closed.err
+	} else {
 		b.cfg.logger.LogAttrs(context.Background(), slog.LevelError, "broker: transport Close had not returned ShutdownGrace after the ctx of Close ended: abandoned")
 		errs[len(subs)] = &DrainError{Reason: ReasonShutdown, Abandoned: 1, Err: ctx.Err()}
 	}

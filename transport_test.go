@@ -866,3 +866,58 @@ func TestPanickingTransportPublish(t *testing.T) {
 	}
 	assert.Equal(t, uint64(2), b.Stats().PluginPanics)
 }
+
+// A transport Stop that never returns, met by Close and an Unsubscribe:
+// the call is counted abandoned once, in the DrainError of the stop that
+// cut the subscription off (the one whose ctx ended first), and both
+// return by their own deadline.
+func TestHangingTransportStopCountedOnce(t *testing.T) {
+	for _, first := range []string{"Unsubscribe", "Close"} {
+		t.Run(first, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				release := make(chan struct{})
+				b, err := New(WithLogger(discard), WithTransport(misbehavingTransport{newFakeTransport(), "Stop", "hang", release}))
+				require.NoError(t, err)
+				sub, err := b.Subscribe("t", "s", func(context.Context, Message) error { return nil })
+				require.NoError(t, err)
+				uTimeout, cTimeout := time.Second, 2*time.Second
+				if first == "Close" {
+					uTimeout, cTimeout = 2*time.Second, time.Second
+				}
+				uctx, ucancel := context.WithTimeout(context.Background(), uTimeout)
+				defer ucancel()
+				cctx, ccancel := context.WithTimeout(context.Background(), cTimeout)
+				defer ccancel()
+				start := time.Now()
+				var uerr error
+				var uTook time.Duration
+				unsubbed := make(chan struct{})
+				go func() {
+					defer close(unsubbed)
+					uerr = sub.Unsubscribe(uctx)
+					uTook = time.Since(start)
+				}()
+				idle() // the Unsubscribe started the transport's Stop
+				cerr := b.Close(cctx)
+				assert.LessOrEqual(t, time.Since(start), cTimeout+ShutdownGrace, "Close by its deadline")
+				<-unsubbed
+				assert.LessOrEqual(t, uTook, uTimeout+ShutdownGrace, "Unsubscribe by its deadline")
+				abandoned := func(err error) int {
+					var de *DrainError
+					if errors.As(err, &de) {
+						return de.Abandoned
+					}
+					return 0
+				}
+				owner, other := uerr, cerr
+				if first == "Close" {
+					owner, other = cerr, uerr
+				}
+				assert.Equal(t, 1, abandoned(owner), "the stop that cut it off counts the Stop it abandoned: %v", owner)
+				assert.Equal(t, 0, abandoned(other), "the other stop does not count it again: %v", other)
+				close(release)
+				idle()
+			})
+		})
+	}
+}
