@@ -183,3 +183,88 @@ func TestShedderGoexitInADeduplicatedEvent(t *testing.T) {
 		requireConserved(t, b.Stats())
 	})
 }
+
+// A message whose retry was decided just as a stop at once stopped its
+// lane is dead-lettered by the stop's reason (an orphan); a Goexit in that
+// dead letter's Put or event hook costs no message: it is stored and
+// counted once, and nothing stays in flight.
+func TestGoexitInAnOrphansDeadLetter(t *testing.T) {
+	for _, where := range []string{"Put", "event"} {
+		t.Run(where, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				var once atomic.Bool
+				obs := &funcObserver{
+					attempted: func(e AttemptEvent) {
+						if e.Outcome == OutcomeRetry {
+							time.Sleep(20 * time.Millisecond) // the stop's ctx ends meanwhile: the lane stops
+						}
+					},
+					deadLettered: func(DeadLetterEvent) {
+						if where == "event" && once.CompareAndSwap(false, true) {
+							runtime.Goexit()
+						}
+					},
+				}
+				opts := []Option{WithObserver(obs)}
+				if where == "Put" {
+					opts = append(opts, WithDeadLetterStore(&goexitOnceStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, discard)}))
+				}
+				b := newTestBroker(t, opts...)
+				_, err := b.Subscribe("t", "s", func(context.Context, Message) error { return errors.New("boom") })
+				require.NoError(t, err)
+				publishN(t, b, "t", "m", 1)
+				de := stopWithin(t, 10*time.Millisecond, b.Close)
+				idle()
+				require.NotNil(t, de)
+				assert.Equal(t, 1, de.DeadLettered, "%+v", de)
+				ss := subStats(t, b, "t", "s")
+				assert.EqualValues(t, 1, ss.DeadLettered, "%+v", ss)
+				assert.Zero(t, ss.InFlight, "%+v", ss)
+				assert.Len(t, deadLetters(t, b), 1)
+				requireConserved(t, b.Stats())
+			})
+		})
+	}
+}
+
+// A worker ended by runtime.Goexit hands the rest of its batch to a new
+// worker; a stop that looks for running workers meanwhile sees the old
+// one or the new one, never neither: Close returns once the rest ran.
+func TestGoexitReplacementSeenByTheStop(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		inHook, closed := make(chan struct{}), make(chan struct{})
+		testHookReplace = func() {
+			close(inHook)
+			select { // Close returns meanwhile only if it does not see the worker
+			case <-closed:
+			case <-time.After(time.Second):
+			}
+		}
+		defer func() { testHookReplace = nil }()
+		b := newTestBroker(t, WithRetryPolicy(RetryPolicy{MaxRetries: NoRetries}))
+		release := make(chan struct{})
+		_, err := b.Subscribe("t", "s", func(_ context.Context, m Message) error {
+			switch m.ID {
+			case "x":
+				<-release
+			case "a":
+				runtime.Goexit()
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		for _, id := range []string{"x", "a", "b"} { // a and b wait behind x: one batch
+			require.NoError(t, b.Publish(context.Background(), Message{ID: id, Topic: "t"}))
+			idle()
+		}
+		close(release)
+		<-inHook
+		require.NoError(t, b.Close(context.Background()))
+		ss := subStats(t, b, "t", "s")
+		close(closed)
+		assert.EqualValues(t, 2, ss.Delivered, "x and b delivered when Close returns: %+v", ss)
+		assert.EqualValues(t, 1, ss.DeadLettered, "a, as a panic: %+v", ss)
+		idle()
+		requireConserved(t, b.Stats())
+	})
+}

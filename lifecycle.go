@@ -465,25 +465,28 @@ func (s *Subscription) cut(c *cutter) {
 // store took (lost), and each one inside plugged-in code as abandoned.
 // What they do later is ignored.
 func (s *Subscription) giveUp() {
-	s.wmu.Lock()
-	cutters := slices.Clone(s.cutters)
-	ws := slices.Collect(maps.Keys(s.ws))
-	sh := s.shedder
-	s.wmu.Unlock()
 	reason := abortReason(s.ctx)
-	for _, c := range cutters {
-		s.giveUpOn(&c.h, true, func(k int) (*laneItem, string) {
-			if c.jobs[k].kind == cutOverflowed {
-				return &c.jobs[k].it, ReasonOverflow
-			}
-			return &c.jobs[k].it, reason
-		})
-	}
-	if sh != nil { // the shedder touches its batch no more
-		s.giveUpOn(&sh.h, true, func(k int) (*laneItem, string) { return &sh.buf[k], ReasonOverflow })
-	}
-	for _, w := range ws { // the worker writes no ID
-		s.giveUpOn(&w.h, false, func(k int) (*laneItem, string) { return &w.buf[k], reason })
+	for gave := true; gave; { // again while it gave up on one: a Goexit's replacement may have started meanwhile
+		gave = false
+		s.wmu.Lock()
+		cutters := slices.Clone(s.cutters)
+		ws := slices.Collect(maps.Keys(s.ws))
+		sh := s.shedder
+		s.wmu.Unlock()
+		for _, c := range cutters {
+			gave = s.giveUpOn(&c.h, true, func(k int) (*laneItem, string) {
+				if c.jobs[k].kind == cutOverflowed {
+					return &c.jobs[k].it, ReasonOverflow
+				}
+				return &c.jobs[k].it, reason
+			}) || gave
+		}
+		if sh != nil { // the shedder touches its batch no more
+			gave = s.giveUpOn(&sh.h, true, func(k int) (*laneItem, string) { return &sh.buf[k], ReasonOverflow }) || gave
+		}
+		for _, w := range ws { // the worker writes no ID
+			gave = s.giveUpOn(&w.h, false, func(k int) (*laneItem, string) { return &w.buf[k], reason }) || gave
+		}
 	}
 }
 
@@ -491,10 +494,10 @@ func (s *Subscription) giveUp() {
 // messages it held and had not ended (item k: the message and its
 // dead-letter reason) count lost, and out of flight if inFlight says the
 // stop counted them in flight (a cutter's, the shedder's).
-func (s *Subscription) giveUpOn(h *hand, inFlight bool, item func(k int) (*laneItem, string)) {
+func (s *Subscription) giveUpOn(h *hand, inFlight bool, item func(k int) (*laneItem, string)) bool {
 	w, from, n, ok := h.abandon(false)
 	if !ok {
-		return
+		return false
 	}
 	var ids []string
 	for k := from; k < n; k++ {
@@ -515,6 +518,7 @@ func (s *Subscription) giveUpOn(h *hand, inFlight bool, item func(k int) (*laneI
 			slog.String("topic", s.topicName), slog.String("subscriber", s.name),
 			slog.String("reason", abortReason(s.ctx)), slog.Any("message_ids", ids))
 	}
+	return true
 }
 
 // lostAtDeadline counts a message the stop gave up on at its deadline:

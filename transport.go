@@ -490,8 +490,10 @@ func (s *Subscription) awaitStop(ctx context.Context, cause error, grace time.Du
 	}
 	s.cancel(cause)
 	if context.Cause(s.ctx) != cause { // the other stop's: it counts the call
-		waitOr(call.done, s.stopped)
-		return call.result()
+		if waitOr(call.done, s.stopped) {
+			return call.err
+		}
+		return nil
 	}
 	defer close(s.stopped)
 	timer := time.NewTimer(grace)
@@ -514,16 +516,6 @@ func (s *Subscription) awaitStop(ctx context.Context, cause error, grace time.Du
 type transportCall struct {
 	done chan struct{}
 	err  error
-}
-
-// result is the call's error once it returned, else nil.
-func (c *transportCall) result() error {
-	select {
-	case <-c.done:
-		return c.err
-	default:
-		return nil
-	}
 }
 
 // callTransport runs the transport's method op (f) on a goroutine of its

@@ -111,17 +111,36 @@ type worker struct {
 }
 
 // startWorker starts a worker in place of old (nil: none) with carry,
-// messages old, ended by Goexit, had taken and not started. ws changes
-// under one lock, so it is never empty while a worker runs.
+// messages old, ended by Goexit, had taken and not started. The worker
+// takes old's place in ws under one lock, and old's hand is marked given
+// up there, so that a stop sees old or the new worker, never neither, and
+// counts carry once (the new hand holds it before it is seen); unless a
+// stop gave up on old first (it took carry).
 func (s *Subscription) startWorker(old *worker, carry []laneItem) {
 	w := &worker{s: s, done: make(chan struct{})}
 	w.n = copy(w.buf[:], carry)
+	w.h.hold(w.n)
+	if old != nil && testHookReplace != nil {
+		testHookReplace()
+	}
 	s.wmu.Lock()
-	delete(s.ws, old)
-	s.ws[w] = struct{}{}
+	ok := old == nil
+	if !ok {
+		_, _, _, ok = old.h.abandon(false)
+	}
+	if ok {
+		delete(s.ws, old)
+		s.ws[w] = struct{}{}
+	}
 	s.wmu.Unlock()
-	go w.run()
+	if ok {
+		go w.run()
+	}
 }
+
+// testHookReplace, when a test sets it, runs as a worker ended by
+// runtime.Goexit is being replaced (startWorker).
+var testHookReplace func()
 
 // run takes batches from the lane and runs each message's turn until the
 // lane says to return.
@@ -233,16 +252,12 @@ func (w *worker) replace(started, handing, probe bool) {
 			rest = append([]laneItem{w.buf[w.i]}, rest...)
 		}
 	}
-	// Hand rest over: the old hand is marked given up first, so that a stop
-	// reaching its deadline meanwhile cannot count rest too.
-	if _, _, _, ok := w.h.abandon(false); !ok {
-		return // the stop took the batch
-	}
 	s.startWorker(w, rest)
 }
 
 // end hands a message back to the lane after its turn: it ended, or it
-// parks for its retry.
+// parks for its retry; if a stop at once stopped the lane meanwhile, a
+// cutter dead-letters it.
 func (s *Subscription) end(it *laneItem, r turnResult, probe bool) {
 	from, to, orphan := s.lane.finish(it, r.ended, r.delay, r.health, probe)
 	if to != "" {
@@ -251,9 +266,10 @@ func (s *Subscription) end(it *laneItem, r turnResult, probe bool) {
 			s.lane.br.arm()
 		}
 	}
-	if orphan {
-		s.pipe.cutOff(s.ctx, it, nil, nil)
+	if orphan { // a cutter dead-letters it: a Goexit or a stuck call there costs no message
+		s.c.inFlight.Add(1)
 		s.lane.dropped()
+		s.cutBy([]cutJob{{it: *it, kind: cutQueued}})
 	}
 }
 
