@@ -91,25 +91,7 @@ func TestShedMessageHoldsItsKeyUntilStored(t *testing.T) {
 	for _, policy := range []FullLanePolicy{DeadLetterNewest, DeadLetterOldest} {
 		t.Run(policy.String(), func(t *testing.T) {
 			bubble(t, func(t *testing.T) {
-				log := &keyLog{started: map[string]time.Time{}, stored: map[string]time.Time{}}
-				store := &slowKeyStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil), log: log}
-				b := newTestBroker(t, WithDeadLetterStore(store))
-				release := make(chan struct{})
-				_, err := b.Subscribe("t", "s", func(_ context.Context, m Message) error {
-					log.mu.Lock()
-					log.started[m.ID] = time.Now()
-					log.mu.Unlock()
-					if m.ID == "block" {
-						<-release
-					}
-					return nil
-				}, LaneSize(2), WhenLaneFull(policy))
-				require.NoError(t, err)
-				pub := func(id, key string) {
-					t.Helper()
-					require.NoError(t, b.Publish(context.Background(), Message{ID: id, Topic: "t", Key: key}))
-					idle()
-				}
+				b, log, release, pub := keyedShedding(t, policy, 2, "block")
 				pub("block", "x") // runs, and waits
 				if policy == DeadLetterNewest {
 					pub("f1", "f")
@@ -123,15 +105,7 @@ func TestShedMessageHoldsItsKeyUntilStored(t *testing.T) {
 				close(release) // f1 and f2 run, and room appears
 				idle()
 				pub("k2", "K")
-				settle(t, b)
-				log.mu.Lock()
-				defer log.mu.Unlock()
-				require.Contains(t, log.stored, "k1", "k1 was shed")
-				require.Contains(t, log.started, "k2")
-				assert.NotContains(t, log.started, "k1")
-				assert.False(t, log.started["k2"].Before(log.stored["k1"]),
-					"k2 started at %v, before k1's dead letter was stored at %v", log.started["k2"], log.stored["k1"])
-				requireConserved(t, b.Stats())
+				requireStartedAfterStored(t, b, log, "k1", "k2")
 			})
 		})
 	}
@@ -146,25 +120,7 @@ func TestShedMessageHoldsItsKeyWhileItsKeyRuns(t *testing.T) {
 	for _, policy := range []FullLanePolicy{DeadLetterNewest, DeadLetterOldest} {
 		t.Run(policy.String(), func(t *testing.T) {
 			bubble(t, func(t *testing.T) {
-				log := &keyLog{started: map[string]time.Time{}, stored: map[string]time.Time{}}
-				store := &slowKeyStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil), log: log}
-				b := newTestBroker(t, WithDeadLetterStore(store))
-				release := make(chan struct{})
-				_, err := b.Subscribe("t", "s", func(_ context.Context, m Message) error {
-					log.mu.Lock()
-					log.started[m.ID] = time.Now()
-					log.mu.Unlock()
-					if m.ID == "k1" {
-						<-release
-					}
-					return nil
-				}, LaneSize(1), WhenLaneFull(policy))
-				require.NoError(t, err)
-				pub := func(id, key string) {
-					t.Helper()
-					require.NoError(t, b.Publish(context.Background(), Message{ID: id, Topic: "t", Key: key}))
-					idle()
-				}
+				b, log, release, pub := keyedShedding(t, policy, 1, "k1")
 				pub("k1", "K") // runs, and waits
 				if policy == DeadLetterNewest {
 					pub("f1", "f") // the lane is full
@@ -176,16 +132,54 @@ func TestShedMessageHoldsItsKeyWhileItsKeyRuns(t *testing.T) {
 				close(release) // k1 ends, f1 runs
 				idle()
 				pub("k3", "K")
-				settle(t, b)
-				log.mu.Lock()
-				defer log.mu.Unlock()
-				require.Contains(t, log.stored, "k2", "k2 was shed")
-				require.Contains(t, log.started, "k3")
-				assert.NotContains(t, log.started, "k2")
-				assert.False(t, log.started["k3"].Before(log.stored["k2"]),
-					"k3 started at %v, before k2's dead letter was stored at %v", log.started["k3"], log.stored["k2"])
-				requireConserved(t, b.Stats())
+				requireStartedAfterStored(t, b, log, "k2", "k3")
 			})
 		})
 	}
+}
+
+// keyedShedding is a broker whose subscriber s of topic t has a lane of
+// laneSize under policy and a dead-letter store that stores a minute after
+// each Put began; its handler records when each message started, and the
+// one with ID blocker waits for release. pub publishes a message of key
+// and waits until the broker is idle.
+func keyedShedding(t *testing.T, policy FullLanePolicy, laneSize int, blocker string) (
+	b *Broker, log *keyLog, release chan struct{}, pub func(id, key string)) {
+	t.Helper()
+	log = &keyLog{started: map[string]time.Time{}, stored: map[string]time.Time{}}
+	store := &slowKeyStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil), log: log}
+	b = newTestBroker(t, WithDeadLetterStore(store))
+	release = make(chan struct{})
+	_, err := b.Subscribe("t", "s", func(_ context.Context, m Message) error {
+		log.mu.Lock()
+		log.started[m.ID] = time.Now()
+		log.mu.Unlock()
+		if m.ID == blocker {
+			<-release
+		}
+		return nil
+	}, LaneSize(laneSize), WhenLaneFull(policy))
+	require.NoError(t, err)
+	pub = func(id, key string) {
+		t.Helper()
+		require.NoError(t, b.Publish(context.Background(), Message{ID: id, Topic: "t", Key: key}))
+		idle()
+	}
+	return b, log, release, pub
+}
+
+// requireStartedAfterStored settles b and checks that shed was shed (stored,
+// never started) and that next started no earlier than shed's dead letter
+// was stored, with Stats conserved.
+func requireStartedAfterStored(t *testing.T, b *Broker, log *keyLog, shed, next string) {
+	t.Helper()
+	settle(t, b)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	require.Contains(t, log.stored, shed, "%s was shed", shed)
+	require.Contains(t, log.started, next)
+	assert.NotContains(t, log.started, shed)
+	assert.False(t, log.started[next].Before(log.stored[shed]),
+		"%s started at %v, before %s's dead letter was stored at %v", next, log.started[next], shed, log.stored[shed])
+	requireConserved(t, b.Stats())
 }
