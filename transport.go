@@ -458,9 +458,9 @@ func (p *pipeline) tell(op string, err error) {
 // are cancelled (cause ErrUnsubscribed or ErrClosed) and the stop that
 // cut the subscription off waits at most grace more (Unsubscribe:
 // ShutdownGrace, its deadline; Close: handlerGrace, the rest is for the
-// transport's Close), and counts the call abandoned then. Another stop waits for the call or
-// that deadline (s.stopped) and counts nothing. Unfinished messages stay
-// with the transport.
+// transport's Close), and counts the call abandoned then. Another stop
+// waits for the call or that deadline (s.stopped) and counts nothing.
+// Unfinished messages stay with the transport.
 func (s *Subscription) stopRemote(ctx context.Context, cause error, grace time.Duration) error {
 	rs := s.remote
 	rs.once.Do(func() {
