@@ -451,9 +451,11 @@ func (t *topic) claimFor(s *Subscription) {
 	owed = t.q.Range(from, to, owed)
 	jobs := make([]cutJob, len(owed))
 	for i := range owed {
-		jobs[i] = cutJob{it: laneItem{env: owed[i]}, kind: cutUnrouted}
+		jobs[i] = cutJob{it: laneItem{env: owed[i]}}
 	}
-	s.cutBy(jobs)
+	s.c.routed.Add(uint64(len(jobs)))
+	s.c.inFlight.Add(int64(len(jobs)))
+	s.startCutter(jobs)
 }
 
 // unrouted counts a message that no subscriber got.

@@ -322,43 +322,36 @@ func (s *Subscription) drain(ctx context.Context) bool {
 	return s.finish(wctx.Done())
 }
 
-// finish waits until what ends the subscription's messages is done — its
-// workers (those abandoned aside), its cutters and the shedder's batch —
-// or until deadline: false then.
+// finish waits until the goroutines that end the subscription's messages
+// are done — its workers and cutters, those a stop gave up on aside, and
+// the shedder — or until deadline: false then.
 func (s *Subscription) finish(deadline <-chan struct{}) bool {
-	for {
-		var w *worker
-		s.wmu.Lock()
-		for k := range s.ws {
-			if !k.h.abandoned() {
-				w = k
-				break
-			}
-		}
-		s.wmu.Unlock()
-		if w == nil {
-			break
-		}
-		if !waitOr(w.done, deadline) {
+	for done := s.running(); done != nil; done = s.running() {
+		if !waitOr(done, deadline) {
 			return false
 		}
 	}
-	for seen := 0; ; { // until no cutter started meanwhile (one that took over from another)
-		s.wmu.Lock()
-		cutters := slices.Clone(s.cutters[seen:])
-		s.wmu.Unlock()
-		if len(cutters) == 0 {
-			break
-		}
-		for _, c := range cutters {
-			if !waitOr(c.done, deadline) {
-				return false
-			}
-		}
-		seen += len(cutters)
-	}
 	done := s.lane.shedderDone()
 	return done == nil || waitOr(done, deadline)
+}
+
+// running returns the done channel of one of the subscription's workers
+// or cutters that no stop gave up on; nil when none is left. (A worker
+// or cutter adds the one that takes over from it before it leaves.)
+func (s *Subscription) running() <-chan struct{} {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	for w := range s.ws {
+		if !w.h.abandoned() {
+			return w.done
+		}
+	}
+	for c := range s.cutters {
+		if !c.h.abandoned() {
+			return c.done
+		}
+	}
+	return nil
 }
 
 // stopNow hands every message waiting in the lane to a cutter, which
@@ -375,7 +368,7 @@ func (s *Subscription) stopNow() {
 	for i := range items {
 		jobs = append(jobs, cutJob{it: items[i], kind: cutQueued})
 	}
-	s.cutBy(jobs)
+	s.startCutter(jobs)
 }
 
 // cutJob is a message a stop took, for a cutter to end.
@@ -389,7 +382,6 @@ const (
 	cutQueued     = iota // waited in the lane (or in a worker's batch), counted in flight
 	cutOverflowed        // shed, counted in flight, for an overflow dead letter
 	cutAbandoned         // its handler was abandoned: dead-lettered with the attempt's event
-	cutUnrouted          // owed, never routed: counted routed and in flight
 )
 
 // cutter ends the messages a stop took (from the lane, from the workers
@@ -402,27 +394,16 @@ type cutter struct {
 	done chan struct{}
 }
 
-// cutBy ends jobs in a cutter, a goroutine of its own. The stop waits for
-// it (finish).
-func (s *Subscription) cutBy(jobs []cutJob) {
+// startCutter ends jobs, counted in flight, in a cutter, a goroutine of
+// its own. The stops wait for it (finish).
+func (s *Subscription) startCutter(jobs []cutJob) {
 	if len(jobs) == 0 {
 		return
 	}
-	for i := range jobs {
-		if jobs[i].kind == cutUnrouted {
-			s.c.routed.Add(1)
-			s.c.inFlight.Add(1)
-		}
-	}
-	s.startCutter(jobs)
-}
-
-// startCutter starts a cutter for jobs, counted already.
-func (s *Subscription) startCutter(jobs []cutJob) {
 	c := &cutter{jobs: jobs, done: make(chan struct{})}
 	c.h.hold(len(jobs))
 	s.wmu.Lock()
-	s.cutters = append(s.cutters, c)
+	s.cutters[c] = struct{}{}
 	s.wmu.Unlock()
 	go s.cut(c)
 }
@@ -431,14 +412,16 @@ func (s *Subscription) cut(c *cutter) {
 	finished := false
 	defer func() {
 		// runtime.Goexit in a store or an Observer hook: a new cutter takes
-		// over the messages not ended, before this one counts as done
-		// (finish looks for cutters started meanwhile); unless a stop gave
-		// up on this one.
+		// over the messages not ended, before this one leaves cutters;
+		// unless a stop gave up on this one.
 		if !finished {
 			if _, from, n, ok := c.h.abandon(false); ok {
 				s.startCutter(slices.Clone(c.jobs[from:n]))
 			}
 		}
+		s.wmu.Lock()
+		delete(s.cutters, c)
+		s.wmu.Unlock()
 		close(c.done)
 	}()
 	for i := range c.jobs {
@@ -469,7 +452,7 @@ func (s *Subscription) giveUp() {
 	for gave := true; gave; { // again while it gave up on one: a Goexit's replacement may have started meanwhile
 		gave = false
 		s.wmu.Lock()
-		cutters := slices.Clone(s.cutters)
+		cutters := slices.Collect(maps.Keys(s.cutters))
 		ws := slices.Collect(maps.Keys(s.ws))
 		sh := s.shedder
 		s.wmu.Unlock()
@@ -586,7 +569,7 @@ func (s *Subscription) abandon() {
 				"and ignores what it returns",
 			slog.String("topic", s.topicName), slog.String("subscriber", s.name), slog.String("message_id", w.buf[i].env.msg.ID),
 			slog.Bool("handler", word&handHandler != 0), slog.String("reason", abortReason(s.ctx)))
-		s.cutBy(jobs) // the stops wait for the worker no longer (see finish)
+		s.startCutter(jobs) // the stops wait for the worker no longer (see finish)
 	}
 }
 

@@ -35,7 +35,7 @@ type Subscription struct {
 	left      chan struct{}        // closed when it left the routing snapshot, every owed message routed
 	wmu       sync.Mutex           // guards ws and cutters
 	ws        map[*worker]struct{} // running workers, abandoned ones included (each drops itself)
-	cutters   []*cutter            // the stops' cutters (guarded by wmu)
+	cutters   map[*cutter]struct{} // running cutters, given-up ones included (each drops itself)
 	shedder   *shedder             // the last shedder goroutine started (guarded by wmu)
 	unsubOnce sync.Once
 	unsubbed  chan struct{} // closed when Unsubscribe finished
@@ -114,6 +114,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 		stopped:  make(chan struct{}),
 		left:     make(chan struct{}),
 		ws:       make(map[*worker]struct{}),
+		cutters:  make(map[*cutter]struct{}),
 	}
 	for _, l := range t.leaving { // a name unsubscribed, still owed messages: they stay its
 		if l.name == name {

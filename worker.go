@@ -269,7 +269,7 @@ func (s *Subscription) end(it *laneItem, r turnResult, probe bool) {
 	if orphan { // a cutter dead-letters it: a Goexit or a stuck call there costs no message
 		s.c.inFlight.Add(1)
 		s.lane.dropped()
-		s.cutBy([]cutJob{{it: *it, kind: cutQueued}})
+		s.startCutter([]cutJob{{it: *it, kind: cutQueued}})
 	}
 }
 
