@@ -455,7 +455,7 @@ func (t *topic) claimFor(s *Subscription) {
 	}
 	s.c.routed.Add(uint64(len(jobs)))
 	s.c.inFlight.Add(int64(len(jobs)))
-	s.startCutter(jobs)
+	s.startCutter(jobs, false)
 }
 
 // unrouted counts a message that no subscriber got.

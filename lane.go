@@ -162,12 +162,11 @@ type lane struct {
 	// most capacity of them (the shedder holds up to laneBatch more, taken
 	// from here): when it is full, a message that does not fit waits for
 	// room as under Block (see pushLocked). They count as in flight
-	// (shed), not against the capacity. shedDone is not nil while a
-	// shedder goroutine runs (started by startShedder, under mu), and
-	// closed when it ends (a stop waits for it); a closed lane is done only
-	// once it ended.
-	overflowed   fifo.Ring[laneItem]
-	shedDone     chan struct{}
+	// (shed), not against the capacity. shedding says a shedder runs
+	// (started by startShedder, under mu); a closed lane is done only once
+	// it ended.
+	overflowed   fifo.Ring[cutJob]
+	shedding     bool
 	startShedder func()
 	routed       *atomic.Uint64 // the subscriber's routed count, moved as a message enters (so Stats balance while a push waits)
 }
@@ -229,7 +228,7 @@ func (l *lane) fullLocked() bool {
 
 // doneLocked reports that a closed lane has nothing left to do.
 func (l *lane) doneLocked() bool {
-	return l.closed && l.waitingLocked() == 0 && l.shedDone == nil && l.running.Load() == 0
+	return l.closed && l.waitingLocked() == 0 && !l.shedding && l.running.Load() == 0
 }
 
 // pushLocked adds it if there is room. When the lane is full it returns
@@ -278,9 +277,9 @@ func (l *lane) overflowLocked(it laneItem, owner bool) {
 		h.n++
 		l.keys[k] = h
 	}
-	l.overflowed.Push(it)
-	if l.shedDone == nil {
-		l.shedDone = make(chan struct{})
+	l.overflowed.Push(cutJob{it: it, kind: cutOverflowed})
+	if !l.shedding {
+		l.shedding = true
 		l.startShedder()
 	}
 }
@@ -293,42 +292,22 @@ func (l *lane) shedEnded(it *laneItem) {
 	l.releaseLocked(it)
 }
 
-// shedderDone returns a channel closed when the running shedder has
-// returned; nil when none runs.
-func (l *lane) shedderDone() <-chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.shedDone
-}
-
 // takeShed appends to buf up to laneBatch shed messages for the shedder to
 // dead-letter, making room for a producer that waits. When there are none
 // it returns buf unchanged, and the shedder, which must return, no longer
 // counts as running.
-func (l *lane) takeShed(buf []laneItem) []laneItem {
+func (l *lane) takeShed(buf []cutJob) []cutJob {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.overflowed.Len() > 0 {
 		l.room.Open()
 		return l.overflowed.PopN(buf, laneBatch)
 	}
-	close(l.shedDone)
-	l.shedDone = nil
+	l.shedding = false
 	if l.doneLocked() {
 		l.work.Broadcast() // the workers waited for the shedder
 	}
 	return buf
-}
-
-// unshed puts back, in front and in order, shed messages a shedder took
-// and did not finish (runtime.Goexit ended it), and starts another.
-func (l *lane) unshed(items []laneItem) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for i := len(items) - 1; i >= 0; i-- {
-		l.overflowed.PushFront(items[i])
-	}
-	l.startShedder()
 }
 
 // pushN pushes envs, in order, while they fit without waiting or shedding
@@ -656,7 +635,7 @@ func (l *lane) claim() {
 // flight before they stop counting as queued. It also returns the shed
 // messages the shedder has not taken (they count as in flight already),
 // for the caller to dead-letter as overflowed.
-func (l *lane) stop(inFlight func(int)) (waiting, overflowed []laneItem) {
+func (l *lane) stop(inFlight func(int)) (waiting []laneItem, overflowed []cutJob) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.closed, l.stopped = true, true

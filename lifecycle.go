@@ -323,16 +323,15 @@ func (s *Subscription) drain(ctx context.Context) bool {
 }
 
 // finish waits until the goroutines that end the subscription's messages
-// are done — its workers and cutters, those a stop gave up on aside, and
-// the shedder — or until deadline: false then.
+// are done — its workers and cutters (the shedder too), those a stop gave
+// up on aside — or until deadline: false then.
 func (s *Subscription) finish(deadline <-chan struct{}) bool {
 	for done := s.running(); done != nil; done = s.running() {
 		if !waitOr(done, deadline) {
 			return false
 		}
 	}
-	done := s.lane.shedderDone()
-	return done == nil || waitOr(done, deadline)
+	return true
 }
 
 // running returns the done channel of one of the subscription's workers
@@ -360,87 +359,11 @@ func (s *Subscription) running() <-chan struct{} {
 //
 // Only the stop that cut the subscription off calls it.
 func (s *Subscription) stopNow() {
-	items, overflowed := s.lane.stop(func(n int) { s.c.inFlight.Add(int64(n)) })
-	jobs := make([]cutJob, 0, len(items)+len(overflowed))
-	for i := range overflowed {
-		jobs = append(jobs, cutJob{it: overflowed[i], kind: cutOverflowed})
-	}
+	items, jobs := s.lane.stop(func(n int) { s.c.inFlight.Add(int64(n)) })
 	for i := range items {
 		jobs = append(jobs, cutJob{it: items[i], kind: cutQueued})
 	}
-	s.startCutter(jobs)
-}
-
-// cutJob is a message a stop took, for a cutter to end.
-type cutJob struct {
-	it   laneItem
-	kind int
-}
-
-// What a cutJob's message is.
-const (
-	cutQueued     = iota // waited in the lane (or in a worker's batch), counted in flight
-	cutOverflowed        // shed, counted in flight, for an overflow dead letter
-	cutAbandoned         // its handler was abandoned: dead-lettered with the attempt's event
-)
-
-// cutter ends the messages a stop took (from the lane, from the workers
-// it abandoned, owed ones never routed): it dead-letters them with the
-// stop's reason. Its jobs do not change once it runs; its hand lets the
-// stop give up on it at its deadline.
-type cutter struct {
-	jobs []cutJob
-	h    hand
-	done chan struct{}
-}
-
-// startCutter ends jobs, counted in flight, in a cutter, a goroutine of
-// its own. The stops wait for it (finish).
-func (s *Subscription) startCutter(jobs []cutJob) {
-	if len(jobs) == 0 {
-		return
-	}
-	c := &cutter{jobs: jobs, done: make(chan struct{})}
-	c.h.hold(len(jobs))
-	s.wmu.Lock()
-	s.cutters[c] = struct{}{}
-	s.wmu.Unlock()
-	go s.cut(c)
-}
-
-func (s *Subscription) cut(c *cutter) {
-	finished := false
-	defer func() {
-		// runtime.Goexit in a store or an Observer hook: a new cutter takes
-		// over the messages not ended, before this one leaves cutters;
-		// unless a stop gave up on this one.
-		if !finished {
-			if _, from, n, ok := c.h.abandon(false); ok {
-				s.startCutter(slices.Clone(c.jobs[from:n]))
-			}
-		}
-		s.wmu.Lock()
-		delete(s.cutters, c)
-		s.wmu.Unlock()
-		close(c.done)
-	}()
-	for i := range c.jobs {
-		j := &c.jobs[i]
-		switch j.kind {
-		case cutOverflowed:
-			s.pipe.overflow(&j.it, func() { s.c.inFlight.Add(-1) }, &c.h)
-		case cutAbandoned:
-			s.pipe.rec.deadLetter(&j.it.env.msg, timing{}, abortReason(s.ctx), abandonedFault(s.ctx), true,
-				func() { s.c.inFlight.Add(-1) }, &c.h)
-		default:
-			s.pipe.cutOff(s.ctx, &j.it, &c.h, func() { s.c.inFlight.Add(-1) })
-		}
-		if !c.h.next() {
-			finished = true // a stop gave up on it and counted the rest
-			return
-		}
-	}
-	finished = true
+	s.startCutter(jobs, false)
 }
 
 // giveUp gives up, at the stop's deadline, on the subscription's workers
@@ -454,7 +377,6 @@ func (s *Subscription) giveUp() {
 		s.wmu.Lock()
 		cutters := slices.Collect(maps.Keys(s.cutters))
 		ws := slices.Collect(maps.Keys(s.ws))
-		sh := s.shedder
 		s.wmu.Unlock()
 		for _, c := range cutters {
 			gave = s.giveUpOn(&c.h, true, func(k int) (*laneItem, string) {
@@ -463,9 +385,6 @@ func (s *Subscription) giveUp() {
 				}
 				return &c.jobs[k].it, reason
 			}) || gave
-		}
-		if sh != nil { // the shedder touches its batch no more
-			gave = s.giveUpOn(&sh.h, true, func(k int) (*laneItem, string) { return &sh.buf[k], ReasonOverflow }) || gave
 		}
 		for _, w := range ws { // the worker writes no ID
 			gave = s.giveUpOn(&w.h, false, func(k int) (*laneItem, string) { return &w.buf[k], reason }) || gave
@@ -476,7 +395,7 @@ func (s *Subscription) giveUp() {
 // giveUpOn gives up on the goroutine whose hand is h (see giveUp): the
 // messages it held and had not ended (item k: the message and its
 // dead-letter reason) count lost, and out of flight if inFlight says the
-// stop counted them in flight (a cutter's, the shedder's).
+// stop counted them in flight (a cutter's).
 func (s *Subscription) giveUpOn(h *hand, inFlight bool, item func(k int) (*laneItem, string)) bool {
 	w, from, n, ok := h.abandon(false)
 	if !ok {
@@ -569,7 +488,7 @@ func (s *Subscription) abandon() {
 				"and ignores what it returns",
 			slog.String("topic", s.topicName), slog.String("subscriber", s.name), slog.String("message_id", w.buf[i].env.msg.ID),
 			slog.Bool("handler", word&handHandler != 0), slog.String("reason", abortReason(s.ctx)))
-		s.startCutter(jobs) // the stops wait for the worker no longer (see finish)
+		s.startCutter(jobs, false) // the stops wait for the worker no longer (see finish)
 	}
 }
 

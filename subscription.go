@@ -35,8 +35,7 @@ type Subscription struct {
 	left      chan struct{}        // closed when it left the routing snapshot, every owed message routed
 	wmu       sync.Mutex           // guards ws and cutters
 	ws        map[*worker]struct{} // running workers, abandoned ones included (each drops itself)
-	cutters   map[*cutter]struct{} // running cutters, given-up ones included (each drops itself)
-	shedder   *shedder             // the last shedder goroutine started (guarded by wmu)
+	cutters   map[*cutter]struct{} // running cutters (the shedder too), given-up ones included (each drops itself)
 	unsubOnce sync.Once
 	unsubbed  chan struct{} // closed when Unsubscribe finished
 	unsubErr  error         // Unsubscribe's result, set before unsubbed is closed
@@ -130,7 +129,7 @@ func (b *Broker) Subscribe(topicName, name string, h Handler, opts ...SubscribeO
 	if br != nil {
 		br.report = s.breakerChanged
 	}
-	s.lane.startShedder = s.startShedder
+	s.lane.startShedder = func() { s.startCutter(make([]cutJob, 0, laneBatch), true) }
 	if sc.rate > 0 {
 		s.limiter = newTokenBucket(sc.rate, sc.burst)
 	}
@@ -207,73 +206,6 @@ func (s *Subscription) routeRedriven(msg Message, cancel <-chan struct{}, deadli
 	msg.Attempt = 0
 	it := laneItem{env: envelope{msg: msg}, redriven: true}
 	return s.lane.pushWait(it, true, s.ctx.Done(), cancel, deadline, nil, nil, func(time.Duration) {})
-}
-
-// startShedder starts the goroutine that dead-letters what the lane sheds
-// (lane.overflowed), so that the topic's dispatcher, which sheds, never
-// waits on the dead-letter store for this subscriber: a slow store costs
-// the topic nothing until capacity shed messages wait. The lane calls it
-// under its lock while it is open (or from a shedder ended by
-// runtime.Goexit), so the broker's WaitGroup is above zero. The shedder
-// runs while there is something to dead-letter, then returns; a closed
-// lane's workers wait for it. After a stop at once (Close's or
-// Unsubscribe's context ended) it may still be storing the at most
-// laneBatch it took when Unsubscribe returns (counted in flight until
-// then); Close waits for it.
-func (s *Subscription) startShedder() {
-	s.b.wg.Add(1)
-	go s.shed()
-}
-
-func (s *Subscription) shed() {
-	defer s.b.wg.Done()
-	sh := &shedder{buf: make([]laneItem, 0, laneBatch)}
-	s.wmu.Lock()
-	s.shedder = sh
-	s.wmu.Unlock()
-	var i int
-	finished, stored := false, false
-	counted := func() { stored = true; s.c.inFlight.Add(-1); s.lane.shedEnded(&sh.buf[i]) }
-	defer func() {
-		if !finished && !sh.h.abandoned() { // runtime.Goexit in a store or an Observer
-			if stored {
-				i++ // stored and counted: only its event was cut short
-			}
-			s.lane.unshed(sh.buf[i:])
-		}
-	}()
-	for {
-		sh.buf = s.lane.takeShed(sh.buf[:0])
-		if len(sh.buf) == 0 {
-			finished = true
-			return
-		}
-		if !sh.h.hold(len(sh.buf)) {
-			// A stop gave up on it between two batches: these it took after.
-			for range sh.buf {
-				s.c.inFlight.Add(-1)
-				s.lostAtDeadline(ReasonOverflow)
-			}
-			finished = true
-			return
-		}
-		for i = range sh.buf {
-			stored = false
-			s.pipe.overflow(&sh.buf[i], counted, &sh.h)
-			if !sh.h.next() {
-				finished = true
-				return // a stop gave up on it at its deadline and counted the rest
-			}
-		}
-		clear(sh.buf)
-	}
-}
-
-// shedder is a shedder goroutine's batch and its hand, which lets a stop
-// give up on it at its deadline (giveUp), as on a cutter.
-type shedder struct {
-	buf []laneItem
-	h   hand
 }
 
 // tryRouteN hands the subscriber as many of envs, in order, as fit in its

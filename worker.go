@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"slices"
 	"sync/atomic"
 )
 
@@ -95,6 +96,113 @@ func (h *hand) abandon(plugOnly bool) (w uint64, from, n int, ok bool) {
 			}
 			return w, from, n, true
 		}
+	}
+}
+
+// cutJob is a message for a cutter to end.
+type cutJob struct {
+	it   laneItem
+	kind int
+}
+
+// What a cutJob's message is.
+const (
+	cutQueued     = iota // a stop took it from the lane (or a worker's batch, or never routed), counted in flight
+	cutOverflowed        // shed, counted in flight, for an overflow dead letter
+	cutAbandoned         // its handler was abandoned: dead-lettered with the attempt's event
+)
+
+// cutter is a goroutine that dead-letters the messages it holds: a
+// stop's (what it took from the lane, from the workers it abandoned, and
+// owed messages never routed), with the stop's reason; or, with shed,
+// the subscription's shedder, which goes on with what the lane sheds
+// (takeShed, up to laneBatch at a time) until nothing is left, so that
+// the topic's dispatcher, which sheds, never waits on the dead-letter
+// store: a slow store costs the topic nothing until capacity shed
+// messages wait. Its hand lets a stop give up on it at its deadline.
+type cutter struct {
+	jobs []cutJob // the batch it ends: fixed, but a shedder's next is taken once it ended
+	shed bool
+	h    hand
+	done chan struct{}
+}
+
+// startCutter ends jobs, counted in flight, in a cutter, a goroutine of
+// its own (with shed, the shedder: the lane calls it under its lock
+// while it is open, or a shedder ended by runtime.Goexit does, so the
+// broker's WaitGroup, which the shedder joins, is above zero). The
+// stops wait for it (finish).
+func (s *Subscription) startCutter(jobs []cutJob, shed bool) {
+	if len(jobs) == 0 && !shed {
+		return
+	}
+	c := &cutter{jobs: jobs, shed: shed, done: make(chan struct{})}
+	c.h.hold(len(jobs))
+	if shed {
+		s.b.wg.Add(1)
+	}
+	s.wmu.Lock()
+	s.cutters[c] = struct{}{}
+	s.wmu.Unlock()
+	go s.cut(c)
+}
+
+func (s *Subscription) cut(c *cutter) {
+	finished := false
+	defer func() {
+		// runtime.Goexit in a store or an Observer hook: a new cutter takes
+		// over the messages not ended (and the shedding), before this one
+		// leaves cutters; unless a stop gave up on this one.
+		if !finished {
+			if _, from, n, ok := c.h.abandon(false); ok {
+				s.startCutter(slices.Clone(c.jobs[from:n]), c.shed)
+			}
+		}
+		s.wmu.Lock()
+		delete(s.cutters, c)
+		s.wmu.Unlock()
+		close(c.done)
+		if c.shed {
+			s.b.wg.Done()
+		}
+	}()
+	for {
+		for i := range c.jobs {
+			s.cutOne(&c.jobs[i], &c.h)
+			if !c.h.next() {
+				finished = true // a stop gave up on it and counted the rest
+				return
+			}
+		}
+		if !c.shed {
+			break
+		}
+		clear(c.jobs) // drop references for the garbage collector
+		if c.jobs = s.lane.takeShed(c.jobs[:0]); len(c.jobs) == 0 {
+			break
+		}
+		if !c.h.hold(len(c.jobs)) {
+			// A stop gave up on it between two batches: these it took after.
+			for range c.jobs {
+				s.c.inFlight.Add(-1)
+				s.lostAtDeadline(ReasonOverflow)
+			}
+			break
+		}
+	}
+	finished = true
+}
+
+// cutOne dead-letters j's message, as the goroutine whose hand is h.
+func (s *Subscription) cutOne(j *cutJob, h *hand) {
+	switch j.kind {
+	case cutOverflowed: // its ordering key is free once it ended
+		s.pipe.overflow(&j.it, func() { s.c.inFlight.Add(-1); s.lane.shedEnded(&j.it) }, h)
+	case cutAbandoned:
+		s.pipe.rec.deadLetter(&j.it.env.msg, timing{}, abortReason(s.ctx), abandonedFault(s.ctx), true,
+			func() { s.c.inFlight.Add(-1) }, h)
+	default:
+		s.pipe.cutOff(s.ctx, &j.it, h, func() { s.c.inFlight.Add(-1) })
 	}
 }
 
@@ -269,7 +377,7 @@ func (s *Subscription) end(it *laneItem, r turnResult, probe bool) {
 	if orphan { // a cutter dead-letters it: a Goexit or a stuck call there costs no message
 		s.c.inFlight.Add(1)
 		s.lane.dropped()
-		s.startCutter([]cutJob{{it: *it, kind: cutQueued}})
+		s.startCutter([]cutJob{{it: *it, kind: cutQueued}}, false)
 	}
 }
 
