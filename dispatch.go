@@ -398,23 +398,19 @@ func (t *topic) finishLeaving(all bool) {
 // claimOwed is s's Unsubscribe at its deadline (s stopped at once)
 // claiming the messages s is owed that have not been routed to it yet
 // (claimFor). It takes the role when it is free, or has the dispatcher
-// serve it while it waits for room holding the role; it gives up (false)
-// when stop fires first (the holder is inside plugged-in code); nothing is
-// owed (true) once left is closed.
-func (t *topic) claimOwed(s *Subscription, stop <-chan time.Time) bool {
+// serve it while it waits for room holding the role; it gives up when
+// stop is closed first (the holder is inside plugged-in code); nothing is
+// owed once left is closed.
+func (t *topic) claimOwed(s *Subscription, stop <-chan struct{}) {
 	served := make(chan struct{})
 	select {
 	case t.role <- struct{}{}:
 		t.claimFor(s)
 		<-t.role
-		return true
 	case t.serve <- func() { t.claimFor(s); close(served) }:
 		<-served
-		return true
 	case <-s.left:
-		return true
 	case <-stop:
-		return false
 	}
 }
 

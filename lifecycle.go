@@ -109,11 +109,9 @@ func (b *Broker) Close(ctx context.Context) error {
 	var deadline <-chan struct{} // the stop's, once ctx ended
 	if !drained {
 		b.abort(errShutdown)
-		dctx, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
-		defer cancel()
-		hctx, hcancel := context.WithTimeout(dctx, handlerGrace)
-		defer hcancel()
-		deadline = dctx.Done()
+		handlers, end, release := stopTimes()
+		defer release()
+		deadline = end
 		var own []*Subscription // those Close cut off
 		for _, s := range subs {
 			if context.Cause(s.ctx) == errShutdown {
@@ -121,7 +119,7 @@ func (b *Broker) Close(ctx context.Context) error {
 				s.stopNow()
 			}
 		}
-		endCutOff(own, hctx.Done(), deadline, func(by <-chan struct{}) bool { return waitOr(dispatched, by) })
+		endCutOff(own, handlers, deadline, dispatched)
 	}
 	var de DrainError
 	for _, s := range subs {
@@ -210,10 +208,8 @@ func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 	if !s.drain(ctx) {
 		s.cancel(errUnsubscribed)
 		if context.Cause(s.ctx) == errUnsubscribed { // this stop cut it off
-			dctx, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
-			defer cancel()
-			hctx, hcancel := context.WithTimeout(dctx, handlerGrace)
-			defer hcancel()
+			handlers, deadline, release := stopTimes()
+			defer release()
 			s.stopNow()
 			// Owed messages the dispatcher has not routed yet (it may wait for
 			// room in another subscriber's lane) are dead-lettered here, so that
@@ -221,10 +217,8 @@ func (s *Subscription) unsubscribeInMemory(ctx context.Context) error {
 			// Observer or a store) for the handlers' part of the grace, what it
 			// routes s from now on it dead-letters itself, after Unsubscribe
 			// returned.
-			grace := time.NewTimer(handlerGrace) // hctx's, as claimOwed takes it
-			claimed := t.claimOwed(s, grace.C)
-			grace.Stop()
-			endCutOff([]*Subscription{s}, hctx.Done(), dctx.Done(), func(<-chan struct{}) bool { return claimed })
+			t.claimOwed(s, handlers)
+			endCutOff([]*Subscription{s}, handlers, deadline, nil)
 		}
 	}
 	if context.Cause(s.ctx) == errShutdown {
@@ -270,25 +264,33 @@ func (s *Subscription) addResult(de *DrainError, cause error) {
 	}
 }
 
+// stopTimes returns the times of a stop whose ctx ends now: the end of
+// the handlers' part of its grace, and its deadline (ShutdownGrace from
+// now); release frees their timers.
+func stopTimes() (handlers, deadline <-chan struct{}, release func()) {
+	dctx, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
+	hctx, hcancel := context.WithTimeout(dctx, handlerGrace)
+	return hctx.Done(), dctx.Done(), func() { hcancel(); cancel() }
+}
+
 // endCutOff ends subs, which a stop cut off when its ctx ended (their
 // contexts cancelled with its cause, their lanes stopped), by the stop's
 // deadline: the handlers have until handlers to return, then the workers
 // still inside plugged-in code are abandoned and their messages
-// dead-lettered; at deadline, what still runs is given up on. others
-// waits for the stop's other goroutines (Close: the dispatchers) until
-// the time it is given: false if that came first. When it returns, each
-// of subs is stopped (its stopped channel closed).
-func endCutOff(subs []*Subscription, handlers, deadline <-chan struct{}, others func(<-chan struct{}) bool) {
-	done := others(handlers)
+// dead-lettered; at deadline, what still runs is given up on. Before
+// that it waits for others (nil: none; Close: its dispatchers, which may
+// claim a cut-off subscription's messages for a cutter, see claimFor)
+// until deadline. When it returns, each of subs is stopped (its stopped
+// channel closed).
+func endCutOff(subs []*Subscription, handlers, deadline, others <-chan struct{}) {
 	for _, s := range subs {
-		done = done && s.finish(handlers)
-	}
-	if !done {
-		for _, s := range subs {
+		if !s.finish(handlers) {
 			s.abandon()
 		}
 	}
-	others(deadline)
+	if others != nil {
+		waitOr(others, deadline)
+	}
 	for _, s := range subs {
 		if !s.finish(deadline) {
 			s.giveUp()
