@@ -496,12 +496,10 @@ func (s *Subscription) awaitStop(ctx context.Context, cause error, grace time.Du
 		return nil
 	}
 	defer close(s.stopped)
-	timer := time.NewTimer(grace)
-	defer timer.Stop()
-	select {
-	case <-call.done:
+	gctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if waitOr(call.done, gctx.Done()) {
 		return call.err
-	case <-timer.C:
 	}
 	// The transport's Stop (a handler that ignores its cancelled context,
 	// or the transport itself) is abandoned.
