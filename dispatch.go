@@ -165,11 +165,9 @@ func (t *topic) routeIdle() {
 // stepping in could not finish without waiting stays in progress (envs not
 // empty) for the dispatcher to finish.
 type batchRoute struct {
-	base   uint64           // the batch's first message, counted in push order
-	snap   *[]*Subscription // the routing snapshot subs follows
-	subs   []*Subscription
-	got    []int // per subscriber: how many of the batch it has (or skips)
-	lo, hi []int // per subscriber: the part of the batch it is owed, [lo, hi)
+	base uint64           // the batch's first message, counted in push order
+	snap *[]*Subscription // the routing snapshot subs follows
+	subs []place          // each subscriber's place in the batch
 
 	buf      [dispatchBatch]envelope
 	envs     []envelope // the batch being routed (in buf); empty between batches
@@ -193,6 +191,13 @@ func (r *batchRoute) span(s *Subscription, n int) (lo, hi int) {
 	return lo, max(lo, hi)
 }
 
+// place is a subscriber's place in the batch: it has (or skips) the
+// messages before got, and is owed the part [lo, hi).
+type place struct {
+	s           *Subscription
+	got, lo, hi int
+}
+
 // follow brings r up to date with the routing snapshot when message i of
 // the batch is next: a subscriber that joined meanwhile gets the batch from
 // message i on (those were still queued in the topic), one that left gets
@@ -201,42 +206,46 @@ func (r *batchRoute) follow(snap *[]*Subscription, i, n int) {
 	if snap == r.snap {
 		return
 	}
-	var subs []*Subscription
-	var got, lo, hi []int
+	subs := make([]place, 0, len(*snap))
 	for _, s := range *snap {
-		g, l, h := r.place(s, i, n)
-		subs, got, lo, hi = append(subs, s), append(got, g), append(lo, l), append(hi, h)
+		subs = append(subs, r.place(s, i, n))
 	}
-	r.snap, r.subs, r.got, r.lo, r.hi = snap, subs, got, lo, hi
+	r.snap, r.subs = snap, subs
 }
 
 // place is where s stands in the batch of n when message i is next: as r
 // keeps it, or, for a subscriber r has not seen (it joined meanwhile), the
 // batch from message i on (got is n when it gets none of it).
-func (r *batchRoute) place(s *Subscription, i, n int) (got, lo, hi int) {
-	for k, old := range r.subs {
-		if old == s {
-			return r.got[k], r.lo[k], r.hi[k]
+func (r *batchRoute) place(s *Subscription, i, n int) place {
+	for _, p := range r.subs {
+		if p.s == s {
+			return p
 		}
 	}
-	lo, hi = r.span(s, n)
-	lo = max(lo, i)
-	got = lo
-	if got >= hi {
-		got = n
+	lo, hi := r.span(s, n)
+	p := place{s: s, got: max(lo, i), lo: max(lo, i), hi: hi}
+	if p.got >= hi {
+		p.got = n
 	}
-	return got, lo, hi
+	return p
 }
 
 // reset starts a batch of n with the current snapshot.
 func (r *batchRoute) reset(snap *[]*Subscription, base uint64, n int) {
-	r.base, r.snap = base, snap
-	r.subs = append(r.subs[:0], *snap...)
-	r.got, r.lo, r.hi = r.got[:0], r.lo[:0], r.hi[:0]
-	for _, s := range r.subs {
+	r.base, r.snap, r.subs = base, snap, r.subs[:0]
+	for _, s := range *snap {
 		lo, hi := r.span(s, n)
-		r.got, r.lo, r.hi = append(r.got, lo), append(r.lo, lo), append(r.hi, hi)
+		r.subs = append(r.subs, place{s: s, got: lo, lo: lo, hi: hi})
 	}
+}
+
+// least is the first message of the batch of n that some subscriber does
+// not have yet (n when all have it all).
+func (r *batchRoute) least(n int) int {
+	for _, p := range r.subs {
+		n = min(n, p.got)
+	}
+	return n
 }
 
 // routeNext routes a batch: the one in progress, else the next one
@@ -264,24 +273,24 @@ func (t *topic) routeNext(wait bool) bool {
 	}
 	n := len(r.envs)
 	if !wait {
-		if r.pos = minOf(r.got, n); r.pos == n {
+		if r.pos = r.least(n); r.pos == n {
 			t.endBatch()
 		}
 		return true
 	}
-	for i := minOf(r.got, n); i < n; i++ {
+	for i := r.least(n); i < n; i++ {
 		r.pos = i
 		for more := true; more; {
 			// Until no subscriber is owed message i: one that joins while
 			// the dispatcher waits for room gets it too.
 			r.follow(t.subs.Load(), i, n)
 			more = false
-			for si, s := range r.subs {
-				if r.got[si] > i {
+			for si := range r.subs {
+				if r.subs[si].got > i {
 					continue
 				}
 				more = true
-				if s.routeDispatched(&r.envs[i]) == nil {
+				if r.subs[si].s.routeDispatched(&r.envs[i]) == nil {
 					r.accepted[i] = true
 				}
 				t.tryRoute(si, i+1)
@@ -300,7 +309,7 @@ func (t *topic) startBatch(envs []envelope) {
 	r.envs, r.pos, r.done = envs, 0, 0
 	clear(r.accepted[:])
 	for si := range r.subs {
-		t.tryRoute(si, r.lo[si])
+		t.tryRoute(si, r.subs[si].lo)
 	}
 }
 
@@ -308,11 +317,11 @@ func (t *topic) startBatch(envs []envelope) {
 // fits in its lane without waiting.
 func (t *topic) tryRoute(si, from int) {
 	r := &t.route
-	hi := r.hi[si]
-	k := r.subs[si].tryRouteN(r.envs[from:hi])
+	p := &r.subs[si]
+	k := p.s.tryRouteN(r.envs[from:p.hi])
 	markAccepted(r.accepted[:], from, from+k)
-	if r.got[si] = from + k; r.got[si] >= hi {
-		r.got[si] = len(r.envs)
+	if p.got = from + k; p.got >= p.hi {
+		p.got = len(r.envs)
 	}
 }
 
@@ -335,7 +344,7 @@ func (t *topic) release(p int) {
 // dispatcher waits.
 func (t *topic) freePrefix() {
 	r := &t.route
-	if p := minOf(r.got, len(r.envs)); p > r.done {
+	if p := r.least(len(r.envs)); p > r.done {
 		t.release(p)
 	}
 }
@@ -433,9 +442,9 @@ func (t *topic) claimFor(s *Subscription) {
 	var owed []envelope
 	from := max(t.dispatched.Load(), s.startAt) // the queue's oldest message, between batches
 	if n := len(r.envs); n > 0 {
-		got, _, hi := r.place(s, r.pos, n) // not seen yet: it would be followed from the message being routed
-		if got < hi {
-			owed = append(owed, r.envs[got:hi]...)
+		p := r.place(s, r.pos, n) // not seen yet: it would be followed from the message being routed
+		if p.got < p.hi {
+			owed = append(owed, r.envs[p.got:p.hi]...)
 		}
 		from = max(r.base+uint64(n), s.startAt)
 	}
@@ -471,15 +480,6 @@ func markAccepted(a []bool, from, to int) {
 	for i := from; i < to; i++ {
 		a[i] = true
 	}
-}
-
-// minOf returns the smallest of xs, or n if xs is empty.
-func minOf(xs []int, n int) int {
-	m := n
-	for _, x := range xs {
-		m = min(m, x)
-	}
-	return m
 }
 
 // activeSubs returns the subscriptions that hold a name on the topic
