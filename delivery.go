@@ -290,35 +290,22 @@ func (p *pipeline) goexited(ctx context.Context, it *laneItem, h *hand) turnResu
 }
 
 // cutOff ends it, which a Close or Unsubscribe whose context ended took
-// from its lane (or from the worker that ran it). No new attempt starts: a
-// duplicate of a delivered message is deduplicated (a redrive would run it
-// twice), anything else is dead-lettered with the stop's reason, showing
-// the message as last delivered with that attempt's failure (whose event
-// was already emitted).
+// from its lane (or from the worker that ran it), with the stop's reason
+// (see unrun).
 func (p *pipeline) cutOff(ctx context.Context, it *laneItem, h *hand, counted func()) {
-	if it.last == nil || it.env.msg.Attempt == 0 {
-		p.unrun(it, abortReason(ctx), brokerFault(abortCode(ctx), context.Cause(ctx)), counted, h)
-		return
-	}
-	p.unrun(it, abortReason(ctx), it.last.fault, counted, h)
+	p.unrun(it, abortReason(ctx), brokerFault(abortCode(ctx), context.Cause(ctx)), counted, h)
 }
 
-// overflow dead-letters it, shed from a full lane, and calls counted once
-// it ended (see unrun).
-func (p *pipeline) overflow(it *laneItem, counted func(), h *hand) {
-	if it.last != nil {
-		p.unrun(it, ReasonOverflow, it.last.fault, counted, h)
-		return
-	}
-	p.unrun(it, ReasonOverflow, p.overflowFault, counted, h)
-}
-
-// unrun ends it without an attempt: dead-lettered with reason and f,
-// calling counted once it ended. A copy of an ID already delivered here is
-// deduplicated instead (redriving its dead letter would run a delivered ID
-// again).
+// unrun ends it without a new attempt: dead-lettered with reason and f —
+// or, once it ran, its last attempt's failure (whose event was emitted
+// already) — calling counted once it ended. A copy of an ID already
+// delivered here is deduplicated instead (redriving its dead letter would
+// run a delivered ID again).
 func (p *pipeline) unrun(it *laneItem, reason string, f fault, counted func(), h *hand) {
 	msg := &it.env.msg
+	if it.last != nil && msg.Attempt > 0 {
+		f = it.last.fault
+	}
 	if p.dedup != nil && !it.redriven {
 		if d := p.dedupKey(&it.env, false); p.seen(h, &d) {
 			p.rec.deduplicated(h, msg, counted)

@@ -197,7 +197,7 @@ func (s *Subscription) cut(c *cutter) {
 func (s *Subscription) cutOne(j *cutJob, h *hand) {
 	switch j.kind {
 	case cutOverflowed: // its ordering key is free once it ended
-		s.pipe.overflow(&j.it, func() { s.c.inFlight.Add(-1); s.lane.shedEnded(&j.it) }, h)
+		s.pipe.unrun(&j.it, ReasonOverflow, s.pipe.overflowFault, func() { s.c.inFlight.Add(-1); s.lane.shedEnded(&j.it) }, h)
 	case cutAbandoned:
 		s.pipe.rec.deadLetter(&j.it.env.msg, timing{}, abortReason(s.ctx), abandonedFault(s.ctx), true,
 			func() { s.c.inFlight.Add(-1) }, h)
