@@ -26,6 +26,12 @@ func TestRingIsFIFO(t *testing.T) {
 				t.Fatalf("step %d: PopN(%d) = %v, want %v", step, k, got, want)
 			}
 			model = model[len(want):]
+		} else if step%101 == 100 { // a look at a batch, which stays
+			k := step % 11
+			got := r.PeekN(nil, k)
+			if want := model[:min(k, len(model))]; fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("step %d: PeekN(%d) = %v, want %v", step, k, got, want)
+			}
 		} else if step%3 != 2 || len(model) == 0 {
 			r.Push(next)
 			model = append(model, next)
