@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -20,9 +19,8 @@ import (
 // Publish, register handlers with Subscribe, and end it with Close. All
 // methods are safe for concurrent use.
 type Broker struct {
-	cfg  config
-	mem  *MemoryIdempotencyStore // cfg.dedup when it is the default kind, for its hashed fast path
-	seed maphash.Seed
+	cfg config
+	mem *MemoryIdempotencyStore // cfg.dedup when it is the default kind, for its hashed fast path
 
 	mu     sync.Mutex  // serialises topic creation and retirement, Subscribe and the start of Close
 	topics sync.Map    // name → *topic, the live topics (created and retired under mu)
@@ -81,7 +79,6 @@ func New(opts ...Option) (*Broker, error) {
 	cfg.policy = cfg.policy.over(DefaultRetryPolicy()) // rules resolved per subscriber (normalized)
 	b := &Broker{
 		cfg:       cfg,
-		seed:      maphash.MakeSeed(),
 		closeDone: make(chan struct{}),
 		redrive:   make(chan struct{}, 1),
 		dlPrefix:  newDeadLetterPrefix(time.Now()),
