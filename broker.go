@@ -65,16 +65,10 @@ func New(opts ...Option) (*Broker, error) {
 			return nil, err // "broker: invalid option: …"
 		}
 	}
-	if cfg.logger == nil {
-		cfg.logger = slog.Default()
-	}
 	panics := new(atomic.Uint64)
 	cfg.logger = slog.New(guardedLogHandler{h: cfg.logger.Handler(), panics: panics})
 	if cfg.dlq == nil {
 		cfg.dlq = NewMemoryDeadLetterStore(DefaultDeadLetterCapacity, cfg.logger)
-	}
-	if !cfg.dedupSet {
-		cfg.dedup = NewMemoryIdempotencyStore(DefaultDedupWindow, DefaultDedupEntries)
 	}
 	cfg.policy = cfg.policy.over(DefaultRetryPolicy()) // rules resolved per subscriber (normalized)
 	b := &Broker{
@@ -82,6 +76,8 @@ func New(opts ...Option) (*Broker, error) {
 		closeDone: make(chan struct{}),
 		redrive:   make(chan struct{}, 1),
 		dlPrefix:  newDeadLetterPrefix(time.Now()),
+		epoch:     time.Now(),
+		gone:      newGoneTopics(),
 	}
 	b.mem, _ = cfg.dedup.(*MemoryIdempotencyStore)
 	var window time.Duration
@@ -104,9 +100,7 @@ func New(opts ...Option) (*Broker, error) {
 	if len(cfg.obs) > 0 {
 		b.obs = observers{list: cfg.obs, g: b.guard}
 	}
-	b.epoch = time.Now()
 	b.abortCtx, b.abort = context.WithCancelCause(context.Background())
-	b.gone = newGoneTopics()
 	if cfg.transport != nil {
 		b.remote = newRemote(cfg.transport)
 	}

@@ -35,7 +35,6 @@ type config struct {
 	policy         RetryPolicy
 	dlq            DeadLetterStore
 	dedup          IdempotencyStore
-	dedupSet       bool
 	logger         *slog.Logger
 	obs            []Observer
 	middleware     []Middleware
@@ -72,6 +71,8 @@ func defaultConfig() config {
 		laneSize:       DefaultLaneSize,
 		publishTimeout: DefaultPublishTimeout,
 		policy:         DefaultRetryPolicy(),
+		dedup:          NewMemoryIdempotencyStore(DefaultDedupWindow, DefaultDedupEntries),
+		logger:         slog.Default(),
 	}
 }
 
@@ -123,7 +124,7 @@ func WithDeadLetterStore(s DeadLetterStore) Option {
 // nil *MemoryIdempotencyStore) is refused.
 func WithIdempotencyStore(s IdempotencyStore) Option {
 	err := invalidIf(s != nil && isNilValue(s), "nil idempotency store (%T); pass nil itself to disable deduplication", s)
-	return option(err, func(c *config) { c.dedup, c.dedupSet = s, true })
+	return option(err, func(c *config) { c.dedup = s })
 }
 
 // WithLogger sets the logger (default slog.Default()). nil is refused; use
