@@ -9,6 +9,9 @@ const minSize = 8
 
 // Ring is a FIFO of T. The zero value is empty and ready to use.
 type Ring[T any] struct {
+	// Max, when above 0, is the most items the ring grows to hold: its
+	// owner pushes no more (a push past it panics).
+	Max  int
 	buf  []T
 	head int // index of the oldest item
 	n    int // items held
@@ -109,7 +112,14 @@ func (r *Ring[T]) index(i int) int {
 }
 
 func (r *Ring[T]) grow() {
-	nb := make([]T, max(2*len(r.buf), minSize))
+	size := max(2*len(r.buf), minSize)
+	if r.Max > 0 {
+		size = min(size, r.Max)
+	}
+	if size == len(r.buf) {
+		panic("fifo: push past Max")
+	}
+	nb := make([]T, size)
 	k := copy(nb, r.buf[r.head:])
 	copy(nb[k:], r.buf[:r.head])
 	r.buf, r.head = nb, 0

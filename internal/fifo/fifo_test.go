@@ -66,3 +66,24 @@ func TestRingIsFIFO(t *testing.T) {
 		t.Fatal("empty ring returned an item")
 	}
 }
+
+// A ring with a Max grows to exactly Max slots and refuses a push past it.
+func TestRingMax(t *testing.T) {
+	for _, n := range []int{1, 5, 8, 100} {
+		r := Ring[int]{Max: n}
+		for i := range n {
+			r.Push(i)
+		}
+		if len(r.buf) != n {
+			t.Fatalf("Max %d: %d slots", n, len(r.buf))
+		}
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Fatalf("Max %d: a push past it did not panic", n)
+				}
+			}()
+			r.Push(n)
+		}()
+	}
+}

@@ -48,15 +48,14 @@ var (
 // so the plain version it is.)
 type Queue[T any] struct {
 	mu sync.Mutex // guards every field
-	// ring holds the items. It grows by doubling as the queue fills, so
-	// idle queues with a large bound cost little memory; like a channel's
-	// buffer it then keeps its size: giving it back when the queue
-	// emptied made queues that fill and drain repeatedly reallocate on
-	// every cycle (twice the time per message).
-	ring     fifo.Ring[T]
-	limit    int  // capacity
-	closed   bool // no more pushes
-	sleeping bool // the consumer waits on ready
+	// ring holds the items. It grows by doubling up to the capacity as
+	// the queue fills, so idle queues with a large bound cost little
+	// memory; like a channel's buffer it then keeps its size: giving it
+	// back when the queue emptied made queues that fill and drain
+	// repeatedly reallocate on every cycle (twice the time per message).
+	ring     fifo.Ring[T] // ring.Max is the capacity
+	closed   bool         // no more pushes
+	sleeping bool         // the consumer waits on ready
 	ready    chan struct{}
 	room     Room   // producers waiting for room
 	pushed   uint64 // items ever pushed
@@ -119,7 +118,7 @@ func New[T any](capacity int, idleGap int64) *Queue[T] {
 		capacity = 1
 	}
 	return &Queue[T]{
-		limit:   capacity,
+		ring:    fifo.Ring[T]{Max: capacity},
 		ready:   make(chan struct{}, 1),
 		idleGap: idleGap,
 	}
@@ -183,7 +182,7 @@ func (q *Queue[T]) pushLocked(v T) error {
 	if q.closed {
 		return ErrClosed
 	}
-	if q.ring.Len() == q.limit {
+	if q.ring.Len() == q.ring.Max {
 		return ErrFull
 	}
 	q.ring.Push(v)
@@ -306,7 +305,7 @@ func (q *Queue[T]) Closed() bool {
 }
 
 // Cap returns the queue's capacity.
-func (q *Queue[T]) Cap() int { return q.limit }
+func (q *Queue[T]) Cap() int { return q.ring.Max }
 
 // Snapshot is a queue's state at one moment.
 type Snapshot[T any] struct {
