@@ -80,14 +80,8 @@ type BreakerPolicy struct {
 // natsjs already pulled waits in the process, kept alive too). A stop at
 // once hands held deliveries back unstarted.
 func CircuitBreaker(p BreakerPolicy) SubscribeOption {
-	return func(c *subConfig) error {
-		p, err := p.normalized()
-		if err != nil {
-			return err
-		}
-		c.breaker = &p
-		return nil
-	}
+	p, err := p.normalized()
+	return option(err, func(c *subConfig) { c.breaker = &p })
 }
 
 func (p BreakerPolicy) normalized() (BreakerPolicy, error) {

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -20,9 +19,8 @@ import (
 // Publish, register handlers with Subscribe, and end it with Close. All
 // methods are safe for concurrent use.
 type Broker struct {
-	cfg  config
-	mem  *MemoryIdempotencyStore // cfg.dedup when it is the default kind, for its hashed fast path
-	seed maphash.Seed
+	cfg config
+	mem *MemoryIdempotencyStore // cfg.dedup when it is the default kind, for its hashed fast path
 
 	mu     sync.Mutex  // serialises topic creation and retirement, Subscribe and the start of Close
 	topics sync.Map    // name → *topic, the live topics (created and retired under mu)
@@ -37,12 +35,11 @@ type Broker struct {
 	abort    context.CancelCauseFunc // cancels it with errShutdown
 	wg       sync.WaitGroup          // dispatchers and shedders, each deferring its Done (workers: worker.done)
 
-	dlq    guardedDLQ       // cfg.dlq, guarded against panics
-	dedup  IdempotencyStore // cfg.dedup, guarded against panics (unless it is the default kind)
-	obs    Observer         // cfg.obs, guarded against panics; nil: none
-	timed  bool             // an Observer is a PublishTimer: events carry the publish's Duration
-	guard  guard
-	panics *atomic.Uint64 // panics of plugged-in code (the logger's included), recovered
+	dlq   guardedDLQ       // cfg.dlq, guarded against panics
+	dedup IdempotencyStore // cfg.dedup, guarded against panics (unless it is the default kind)
+	obs   Observer         // cfg.obs, guarded against panics; nil: none
+	timed bool             // an Observer is a PublishTimer: events carry the publish's Duration
+	guard guard            // guard.panics counts the recovered panics of plugged-in code (the logger's included)
 
 	closeDone chan struct{} // closed when the first Close returned
 	closeErr  error         // the first Close's result, set before closeDone is closed
@@ -68,24 +65,19 @@ func New(opts ...Option) (*Broker, error) {
 			return nil, err // "broker: invalid option: …"
 		}
 	}
-	if cfg.logger == nil {
-		cfg.logger = slog.Default()
-	}
 	panics := new(atomic.Uint64)
 	cfg.logger = slog.New(guardedLogHandler{h: cfg.logger.Handler(), panics: panics})
 	if cfg.dlq == nil {
 		cfg.dlq = NewMemoryDeadLetterStore(DefaultDeadLetterCapacity, cfg.logger)
 	}
-	if !cfg.dedupSet {
-		cfg.dedup = NewMemoryIdempotencyStore(DefaultDedupWindow, DefaultDedupEntries)
-	}
 	cfg.policy = cfg.policy.over(DefaultRetryPolicy()) // rules resolved per subscriber (normalized)
 	b := &Broker{
 		cfg:       cfg,
-		seed:      maphash.MakeSeed(),
 		closeDone: make(chan struct{}),
 		redrive:   make(chan struct{}, 1),
 		dlPrefix:  newDeadLetterPrefix(time.Now()),
+		epoch:     time.Now(),
+		gone:      newGoneTopics(),
 	}
 	b.mem, _ = cfg.dedup.(*MemoryIdempotencyStore)
 	var window time.Duration
@@ -93,7 +85,6 @@ func New(opts ...Option) (*Broker, error) {
 		window = b.mem.window
 	}
 	b.logs = newLogLimits(cfg.logger, window)
-	b.panics = panics
 	b.guard = guard{panics: panics, log: cfg.logger}
 	b.dlq = guardedDLQ{s: cfg.dlq, g: b.guard}
 	if cfg.dedup != nil && b.mem == nil {
@@ -109,9 +100,7 @@ func New(opts ...Option) (*Broker, error) {
 	if len(cfg.obs) > 0 {
 		b.obs = observers{list: cfg.obs, g: b.guard}
 	}
-	b.epoch = time.Now()
 	b.abortCtx, b.abort = context.WithCancelCause(context.Background())
-	b.gone = newGoneTopics()
 	if cfg.transport != nil {
 		b.remote = newRemote(cfg.transport)
 	}
@@ -241,37 +230,48 @@ func (b *Broker) DeadLetters() DeadLetterStore { return b.cfg.dlq }
 // wraps ErrSubscriberNotFound, a lane that stayed full wraps ErrQueueFull,
 // and after Close every ID fails with ErrClosed.
 func (b *Broker) Redrive(ctx context.Context, ids ...string) (int, error) {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	if err := b.takeRedrive(ctx, "redrive"); err != nil {
+	ctx, err := b.takeRedrive(ctx, "redrive")
+	if err != nil {
 		return 0, err
 	}
 	defer func() { <-b.redrive }()
-	var errs []error
-	n := 0
-	for _, id := range ids {
-		if err := b.redriveOne(ctx, id); err != nil {
-			errs = append(errs, err)
-			continue
+	n, errs := 0, make([]error, len(ids))
+	for i, id := range ids {
+		if errs[i] = b.redriveOne(ctx, id); errs[i] == nil {
+			n++
 		}
-		n++
 	}
 	return n, errors.Join(errs...)
 }
 
 // takeRedrive takes the redrive token: one Redrive or RedriveMatching at
 // a time, so a dead letter is redriven once; Close waits for the running
-// one. The caller gives it back with <-b.redrive.
-func (b *Broker) takeRedrive(ctx context.Context, op string) error {
+// one. The caller gives it back with <-b.redrive. It returns ctx, or
+// context.Background() for a nil ctx.
+func (b *Broker) takeRedrive(ctx context.Context, op string) (context.Context, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	select {
 	case b.redrive <- struct{}{}:
-		return nil
+		return ctx, nil
 	case <-b.closeDone:
-		return fmt.Errorf("%w: %s", ErrClosed, op)
+		return ctx, fmt.Errorf("%w: %s", ErrClosed, op)
 	case <-ctx.Done():
-		return fmt.Errorf("broker: %s: %w", op, ctx.Err())
+		return ctx, fmt.Errorf("broker: %s: %w", op, ctx.Err())
 	}
+}
+
+// redriveStopped is why a redrive (op) stops now: its ctx ended, or the
+// broker closed; nil while neither.
+func (b *Broker) redriveStopped(ctx context.Context, op string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("broker: %s: %w", op, err)
+	}
+	if b.closed.Load() {
+		return fmt.Errorf("%w: %s", ErrClosed, op)
+	}
+	return nil
 }
 
 // redriveErrorsShown is how many of RedriveMatching's failures its error
@@ -296,13 +296,11 @@ const redriveErrorsShown = 10
 // counting all of them; and ctx's error, or ErrClosed, if it stopped
 // early. A malformed filter (a negative Limit) wraps ErrInvalidOption.
 func (b *Broker) RedriveMatching(ctx context.Context, f DeadLetterFilter) (int, error) {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	if err := f.Validate(); err != nil {
 		return 0, err
 	}
-	if err := b.takeRedrive(ctx, "redrive matching"); err != nil {
+	ctx, err := b.takeRedrive(ctx, "redrive matching")
+	if err != nil {
 		return 0, err
 	}
 	defer func() { <-b.redrive }()
@@ -319,18 +317,11 @@ func (b *Broker) RedriveMatching(ctx context.Context, f DeadLetterFilter) (int, 
 		if !f.Match(dl) {
 			continue // a store that ignores a field of the filter
 		}
-		var stop error
-		if err := ctx.Err(); err != nil {
-			stop = fmt.Errorf("broker: redrive matching: %w", err)
-		} else if b.closed.Load() {
-			stop = fmt.Errorf("%w: redrive matching", ErrClosed)
-		}
-		if stop != nil {
+		if stop := b.redriveStopped(ctx, "redrive matching"); stop != nil {
 			shown = append(shown, fmt.Errorf("%w (%d of %d not tried)", stop, len(list)-i, len(list)))
 			break
 		}
-		err := b.redriveOne(ctx, dl.ID)
-		switch {
+		switch err := b.redriveOne(ctx, dl.ID); {
 		case err == nil:
 			n++
 		case errors.Is(err, ErrDeadLetterNotFound):
@@ -348,60 +339,65 @@ func (b *Broker) RedriveMatching(ctx context.Context, f DeadLetterFilter) (int, 
 	return n, errors.Join(shown...)
 }
 
+// redriveOne redrives dead letter id and, once its message is accepted,
+// deletes it from the store.
 func (b *Broker) redriveOne(ctx context.Context, id string) error {
+	op := fmt.Sprintf("redrive %q", id)
 	if b.closed.Load() {
-		return fmt.Errorf("%w: redrive %q", ErrClosed, id)
+		return fmt.Errorf("%w: %s", ErrClosed, op)
 	}
 	dl, ok, err := b.dlq.Get(ctx, id)
 	if err != nil {
-		return fmt.Errorf("broker: redrive %q: get: %w", id, err)
+		return fmt.Errorf("broker: %s: get: %w", op, err)
 	}
 	if !ok {
 		return fmt.Errorf("%w: %q", ErrDeadLetterNotFound, id)
 	}
+	if err := b.redriveTo(ctx, op, dl); err != nil {
+		return err
+	}
+	if err := b.dlq.Delete(context.WithoutCancel(ctx), id); err != nil {
+		b.cfg.logger.LogAttrs(ctx, slog.LevelError, "broker: redriven dead letter not deleted; it may be redriven twice",
+			slog.String("dead_letter_id", id), slog.String("error", err.Error()))
+	}
+	return nil
+}
+
+// redriveTo hands dl's message to its subscriber's lane (or to the
+// transport), as redrive op.
+func (b *Broker) redriveTo(ctx context.Context, op string, dl DeadLetter) error {
 	if b.remote != nil {
 		rctx, cancel := b.publishCtx(ctx)
-		err := b.guard.call("Transport", "Redrive", func() error { return b.remote.t.Redrive(rctx, dl) })
-		cancel()
-		if err != nil {
-			return fmt.Errorf("broker: redrive %q: %w", id, err)
+		defer cancel()
+		if err := b.guard.call("Transport", "Redrive", func() error { return b.remote.t.Redrive(rctx, dl) }); err != nil {
+			return fmt.Errorf("broker: %s: %w", op, err)
 		}
-		b.deleteRedriven(ctx, id)
 		return nil
+	}
+	gone := func(why string) error {
+		return fmt.Errorf("%w: %s: %q on topic %q%s", ErrSubscriberNotFound, op, dl.Subscriber, dl.Message.Topic, why)
 	}
 	s := b.subscription(dl.Message.Topic, dl.Subscriber)
 	if s == nil {
-		return fmt.Errorf("%w: redrive %q: %q on topic %q", ErrSubscriberNotFound, id, dl.Subscriber, dl.Message.Topic)
+		return gone("")
 	}
 	timer := time.NewTimer(b.cfg.publishTimeout)
 	defer timer.Stop()
 	switch err := s.routeRedriven(dl.Message, ctx.Done(), timer.C); err {
 	case nil:
+		return nil
 	case queue.ErrClosed:
 		if b.closed.Load() {
-			return fmt.Errorf("%w: redrive %q", ErrClosed, id)
+			return fmt.Errorf("%w: %s", ErrClosed, op)
 		}
-		return fmt.Errorf("%w: redrive %q: %q on topic %q is unsubscribing", ErrSubscriberNotFound, id, dl.Subscriber, dl.Message.Topic)
+		return gone(" is unsubscribing")
 	case queue.ErrStopped:
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("broker: redrive %q: %w", id, err)
+		if err := b.redriveStopped(ctx, op); err != nil {
+			return err
 		}
-		if b.closed.Load() {
-			return fmt.Errorf("%w: redrive %q", ErrClosed, id)
-		}
-		return fmt.Errorf("%w: redrive %q: %q on topic %q stopped while Redrive waited for room in its lane", ErrSubscriberNotFound, id, dl.Subscriber, dl.Message.Topic)
+		return gone(" stopped while Redrive waited for room in its lane")
 	default:
-		return fmt.Errorf("%w: redrive %q: lane of %q on topic %q stayed full", ErrQueueFull, id, dl.Subscriber, dl.Message.Topic)
-	}
-	b.deleteRedriven(ctx, id)
-	return nil
-}
-
-// deleteRedriven removes a redriven dead letter from the store.
-func (b *Broker) deleteRedriven(ctx context.Context, id string) {
-	if err := b.dlq.Delete(context.WithoutCancel(ctx), id); err != nil {
-		b.cfg.logger.LogAttrs(ctx, slog.LevelError, "broker: redriven dead letter not deleted; it may be redriven twice",
-			slog.String("dead_letter_id", id), slog.String("error", err.Error()))
+		return fmt.Errorf("%w: %s: lane of %q on topic %q stayed full", ErrQueueFull, op, dl.Subscriber, dl.Message.Topic)
 	}
 }
 
@@ -450,7 +446,7 @@ func (b *Broker) Stats() Stats {
 	st := Stats{Topics: make(map[string]TopicStats, len(topics))}
 	b.gone.stats(&st)
 	st.DeadLetterEvicted = evicted
-	st.PluginPanics = b.panics.Load()
+	st.PluginPanics = b.guard.panics.Load()
 	if b.mem != nil {
 		st.Dedup = b.mem.Stats()
 	}

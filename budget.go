@@ -1,7 +1,7 @@
 package broker
 
 import (
-	"fmt"
+	"cmp"
 	"math"
 	"sync"
 	"time"
@@ -34,18 +34,12 @@ func DefaultRetryBudget() RetryBudgetPolicy {
 // SubscriberStats.RetryBudgetLeft. Over a transport it is the same, per
 // process: the transport is told to terminate the message.
 func RetryBudget(p RetryBudgetPolicy) SubscribeOption {
-	return func(c *subConfig) error {
-		switch {
-		case p.Ratio < 0 || math.IsNaN(p.Ratio) || math.IsInf(p.Ratio, 0):
-			return fmt.Errorf("%w: retry budget Ratio %v < 0", ErrInvalidOption, p.Ratio)
-		case p.Window <= 0:
-			return fmt.Errorf("%w: retry budget Window %v <= 0", ErrInvalidOption, p.Window)
-		case p.MinPerSecond < 0 || math.IsNaN(p.MinPerSecond) || math.IsInf(p.MinPerSecond, 0):
-			return fmt.Errorf("%w: retry budget MinPerSecond %v < 0", ErrInvalidOption, p.MinPerSecond)
-		}
-		c.budget = &p
-		return nil
-	}
+	err := cmp.Or(
+		invalidIf(p.Ratio < 0 || math.IsNaN(p.Ratio) || math.IsInf(p.Ratio, 0), "retry budget Ratio %v < 0", p.Ratio),
+		invalidIf(p.Window <= 0, "retry budget Window %v <= 0", p.Window),
+		invalidIf(p.MinPerSecond < 0 || math.IsNaN(p.MinPerSecond) || math.IsInf(p.MinPerSecond, 0),
+			"retry budget MinPerSecond %v < 0", p.MinPerSecond))
+	return option(err, func(c *subConfig) { c.budget = &p })
 }
 
 // retryBudget counts first attempts and retries over the window.

@@ -35,13 +35,7 @@ type SubscriberInfo struct {
 // (HandlerMiddleware) runs inside the broker's. nil entries are
 // refused.
 func WithMiddleware(mw ...Middleware) Option {
-	return func(c *config) error {
-		if err := noNil("middleware", mw); err != nil {
-			return err
-		}
-		c.middleware = append(c.middleware, mw...)
-		return nil
-	}
+	return func(c *config) error { return appendAll(&c.middleware, "middleware", mw) }
 }
 
 // WithSubscriberMiddleware wraps this subscriber's handler in mw, in the
@@ -51,22 +45,18 @@ func WithMiddleware(mw ...Middleware) Option {
 // Deprecated: use HandlerMiddleware, the same option named like the other
 // SubscribeOptions.
 func WithSubscriberMiddleware(mw ...Middleware) SubscribeOption {
-	return func(c *subConfig) error {
-		if err := noNil("middleware", mw); err != nil {
-			return err
-		}
-		c.middleware = append(c.middleware, mw...)
-		return nil
-	}
+	return func(c *subConfig) error { return appendAll(&c.middleware, "middleware", mw) }
 }
 
-// noNil refuses a nil entry of fs, named what and its index.
-func noNil[F any](what string, fs []F) error {
+// appendAll appends fs to *to, or refuses a nil entry, named what and its
+// index.
+func appendAll[F any](to *[]F, what string, fs []F) error {
 	for i, f := range fs {
 		if isNilValue(f) {
 			return fmt.Errorf("%w: %s %d is nil", ErrInvalidOption, what, i)
 		}
 	}
+	*to = append(*to, fs...)
 	return nil
 }
 
@@ -143,13 +133,7 @@ type PublishHook func(ctx context.Context, msg *Message) error
 // WithPublishHook adds hooks that Publish runs, in the order given, before
 // it queues a message. nil entries are refused.
 func WithPublishHook(hooks ...PublishHook) Option {
-	return func(c *config) error {
-		if err := noNil("publish hook", hooks); err != nil {
-			return err
-		}
-		c.publishHooks = append(c.publishHooks, hooks...)
-		return nil
-	}
+	return func(c *config) error { return appendAll(&c.publishHooks, "publish hook", hooks) }
 }
 
 // hooked returns msg as the publish hooks leave it, on Headers of its own

@@ -35,12 +35,34 @@ type config struct {
 	policy         RetryPolicy
 	dlq            DeadLetterStore
 	dedup          IdempotencyStore
-	dedupSet       bool
 	logger         *slog.Logger
 	obs            []Observer
 	middleware     []Middleware
 	publishHooks   []PublishHook
 	transport      Transport // nil: the in-memory queues
+}
+
+// option is an Option or a SubscribeOption that applies set, or fails
+// with err, the verdict on its argument. The verdict is reached when the
+// option is made: the argument is a value, which cannot change by the time
+// New or Subscribe applies the option. (An option given a slice or a map
+// checks it when applied.)
+func option[C any](err error, set func(*C)) func(*C) error {
+	return func(c *C) error {
+		if err == nil {
+			set(c)
+		}
+		return err
+	}
+}
+
+// invalidIf is, when bad, the error that says why (format and args)
+// wrapping ErrInvalidOption; else nil.
+func invalidIf(bad bool, format string, args ...any) error {
+	if !bad {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", ErrInvalidOption, fmt.Sprintf(format, args...))
 }
 
 func defaultConfig() config {
@@ -49,6 +71,8 @@ func defaultConfig() config {
 		laneSize:       DefaultLaneSize,
 		publishTimeout: DefaultPublishTimeout,
 		policy:         DefaultRetryPolicy(),
+		dedup:          NewMemoryIdempotencyStore(DefaultDedupWindow, DefaultDedupEntries),
+		logger:         slog.Default(),
 	}
 }
 
@@ -58,14 +82,8 @@ func defaultConfig() config {
 // lanes, of which DefaultQueueSize ready to run). Queues and lanes grow to
 // their capacity as they fill.
 func WithQueueSize(n int) Option {
-	return func(c *config) error {
-		if n < 1 || n > MaxQueueSize {
-			return fmt.Errorf("%w: queue size %d outside 1..%d", ErrInvalidOption, n, MaxQueueSize)
-		}
-		c.queueSize = n
-		c.laneSize = n
-		return nil
-	}
+	err := invalidIf(n < 1 || n > MaxQueueSize, "queue size %d outside 1..%d", n, MaxQueueSize)
+	return option(err, func(c *config) { c.queueSize, c.laneSize = n, n })
 }
 
 // WithPublishTimeout sets how long Publish waits for room in a full queue
@@ -76,13 +94,8 @@ func WithQueueSize(n int) Option {
 // room, and is refused when none comes: backpressure slows a producer
 // before it refuses one.
 func WithPublishTimeout(d time.Duration) Option {
-	return func(c *config) error {
-		if d < 0 {
-			return fmt.Errorf("%w: publish timeout %v < 0", ErrInvalidOption, d)
-		}
-		c.publishTimeout = d
-		return nil
-	}
+	err := invalidIf(d < 0, "publish timeout %v < 0", d)
+	return option(err, func(c *config) { c.publishTimeout = d })
 }
 
 // WithRetryPolicy sets the retry policy of every subscriber that does not
@@ -101,13 +114,8 @@ func WithRetryPolicy(p RetryPolicy) Option {
 // MemoryDeadLetterStore of DefaultDeadLetterCapacity logging to the broker's
 // logger). nil is refused.
 func WithDeadLetterStore(s DeadLetterStore) Option {
-	return func(c *config) error {
-		if s == nil || isNilValue(s) {
-			return fmt.Errorf("%w: nil dead-letter store (%T)", ErrInvalidOption, s)
-		}
-		c.dlq = s
-		return nil
-	}
+	err := invalidIf(s == nil || isNilValue(s), "nil dead-letter store (%T)", s)
+	return option(err, func(c *config) { c.dlq = s })
 }
 
 // WithIdempotencyStore sets the store that suppresses duplicate deliveries
@@ -115,13 +123,8 @@ func WithDeadLetterStore(s DeadLetterStore) Option {
 // DefaultDedupEntries). nil disables deduplication; a typed nil (such as a
 // nil *MemoryIdempotencyStore) is refused.
 func WithIdempotencyStore(s IdempotencyStore) Option {
-	return func(c *config) error {
-		if s != nil && isNilValue(s) {
-			return fmt.Errorf("%w: nil idempotency store (%T); pass nil itself to disable deduplication", ErrInvalidOption, s)
-		}
-		c.dedup, c.dedupSet = s, true
-		return nil
-	}
+	err := invalidIf(s != nil && isNilValue(s), "nil idempotency store (%T); pass nil itself to disable deduplication", s)
+	return option(err, func(c *config) { c.dedup = s })
 }
 
 // WithLogger sets the logger (default slog.Default()). nil is refused; use
@@ -144,13 +147,8 @@ func WithIdempotencyStore(s IdempotencyStore) Option {
 // Info summary line a minute counts the rest. The logger's level and
 // handler are how to silence them. Close logs the summaries still due.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error {
-		if l == nil || l.Handler() == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
-		}
-		c.logger = l
-		return nil
-	}
+	err := invalidIf(l == nil || l.Handler() == nil, "nil logger")
+	return option(err, func(c *config) { c.logger = l })
 }
 
 // WithObserver adds observers (default: none): each gets every event, in
@@ -199,13 +197,8 @@ const MaxConcurrency = 1 << 16
 // the most handlers running at once in this process (natsjs: keyed
 // messages also at most one per partition at a time).
 func Concurrency(n int) SubscribeOption {
-	return func(c *subConfig) error {
-		if n < 1 || n > MaxConcurrency {
-			return fmt.Errorf("%w: concurrency %d outside 1..%d", ErrInvalidOption, n, MaxConcurrency)
-		}
-		c.concurrency = n
-		return nil
-	}
+	err := invalidIf(n < 1 || n > MaxConcurrency, "concurrency %d outside 1..%d", n, MaxConcurrency)
+	return option(err, func(c *subConfig) { c.concurrency = n })
 }
 
 // LaneSize sets the capacity of the subscriber's lane, the messages routed
@@ -222,14 +215,8 @@ func Concurrency(n int) SubscribeOption {
 // refuses any size but the broker's default with ErrInvalidOption; bound
 // the stream with the transport's limits instead (natsjs: WithQueueSize).
 func LaneSize(n int) SubscribeOption {
-	return func(c *subConfig) error {
-		if n < 1 || n > MaxQueueSize {
-			return fmt.Errorf("%w: lane size %d outside 1..%d", ErrInvalidOption, n, MaxQueueSize)
-		}
-		c.laneSize = n
-		c.laneReady = n
-		return nil
-	}
+	err := invalidIf(n < 1 || n > MaxQueueSize, "lane size %d outside 1..%d", n, MaxQueueSize)
+	return option(err, func(c *subConfig) { c.laneSize, c.laneReady = n, n })
 }
 
 // Ordered makes the topic the ordering key of the subscriber's keyless
@@ -242,10 +229,7 @@ func LaneSize(n int) SubscribeOption {
 // retry does not hold the messages behind it. Messages with a Key are
 // ordered by their Key either way.
 func Ordered() SubscribeOption {
-	return func(c *subConfig) error {
-		c.ordered = true
-		return nil
-	}
+	return option(nil, func(c *subConfig) { c.ordered = true })
 }
 
 // HandlerTimeout gives each attempt a deadline d in its context (d >= 0;
@@ -253,13 +237,7 @@ func Ordered() SubscribeOption {
 // passed gets code "timeout", whatever its error; the same over a
 // transport.
 func HandlerTimeout(d time.Duration) SubscribeOption {
-	return func(c *subConfig) error {
-		if d < 0 {
-			return fmt.Errorf("%w: handler timeout %v < 0", ErrInvalidOption, d)
-		}
-		c.timeout = d
-		return nil
-	}
+	return option(invalidIf(d < 0, "handler timeout %v < 0", d), func(c *subConfig) { c.timeout = d })
 }
 
 // WithSubscriberRetryPolicy refines the broker's retry policy for this

@@ -63,9 +63,10 @@ func (g guard) call(plugin, method string, f func() error) error {
 }
 
 // do is guarded for a method that returns nothing (an Observer's hook:
-// its panic loses that event).
+// its panic loses that event), written out: it runs on every event.
 func (g guard) do(plugin, method string, f func()) {
-	_ = g.call(plugin, method, func() error { f(); return nil })
+	defer func() { g.recovered(plugin, method, recover()) }()
+	f()
 }
 
 // guardedLogHandler is the user's slog.Handler with its panics recovered
@@ -147,9 +148,9 @@ func (d guardedDLQ) List(ctx context.Context, f DeadLetterFilter) ([]DeadLetter,
 }
 
 func (d guardedDLQ) Get(ctx context.Context, id string) (dl DeadLetter, ok bool, err error) {
-	_, err = guarded(d.g, "DeadLetterStore", "Get", func() (_ struct{}, err error) {
+	err = d.g.call("DeadLetterStore", "Get", func() (err error) {
 		dl, ok, err = d.s.Get(ctx, id)
-		return
+		return err
 	})
 	return dl, ok, err
 }
@@ -184,36 +185,26 @@ type observers struct {
 	g    guard
 }
 
-// Each hook below loops and calls its method directly: handing the method
-// to one generic loop would cost an indirect call per event.
-
 func (m observers) Published(e PublishEvent) {
-	for _, o := range m.list {
-		m.g.do("Observer", "Published", func() { o.Published(e) })
-	}
+	m.each("Published", func(o Observer) { o.Published(e) })
 }
-
 func (m observers) Rejected(e RejectEvent) {
-	for _, o := range m.list {
-		m.g.do("Observer", "Rejected", func() { o.Rejected(e) })
-	}
+	m.each("Rejected", func(o Observer) { o.Rejected(e) })
 }
-
 func (m observers) Unrouted(e UnroutedEvent) {
-	for _, o := range m.list {
-		m.g.do("Observer", "Unrouted", func() { o.Unrouted(e) })
-	}
+	m.each("Unrouted", func(o Observer) { o.Unrouted(e) })
 }
-
 func (m observers) Attempted(e AttemptEvent) {
-	for _, o := range m.list {
-		m.g.do("Observer", "Attempted", func() { o.Attempted(e) })
-	}
+	m.each("Attempted", func(o Observer) { o.Attempted(e) })
+}
+func (m observers) DeadLettered(e DeadLetterEvent) {
+	m.each("DeadLettered", func(o Observer) { o.DeadLettered(e) })
 }
 
-func (m observers) DeadLettered(e DeadLetterEvent) {
+// each calls hook for every observer, in order, each guarded on its own.
+func (m observers) each(method string, hook func(Observer)) {
 	for _, o := range m.list {
-		m.g.do("Observer", "DeadLettered", func() { o.DeadLettered(e) })
+		m.g.do("Observer", method, func() { hook(o) })
 	}
 }
 

@@ -1,8 +1,8 @@
 package broker
 
 import (
+	"cmp"
 	"context"
-	"fmt"
 	"math"
 	"sync"
 	"time"
@@ -20,16 +20,11 @@ import (
 // in the process the same way, kept alive, and a stop at once hands it
 // back unstarted.
 func RateLimit(perSecond float64, burst int) SubscribeOption {
-	return func(c *subConfig) error {
-		if !(perSecond > 0) || math.IsInf(perSecond, 0) || float64(time.Second)/perSecond >= math.MaxInt64 {
-			return fmt.Errorf("%w: rate limit %v per second must be finite and its interval must fit a time.Duration", ErrInvalidOption, perSecond)
-		}
-		if burst < 1 {
-			return fmt.Errorf("%w: rate limit burst %d < 1", ErrInvalidOption, burst)
-		}
-		c.rate, c.burst = perSecond, burst
-		return nil
-	}
+	err := cmp.Or(
+		invalidIf(!(perSecond > 0) || math.IsInf(perSecond, 0) || float64(time.Second)/perSecond >= math.MaxInt64,
+			"rate limit %v per second must be finite and its interval must fit a time.Duration", perSecond),
+		invalidIf(burst < 1, "rate limit burst %d < 1", burst))
+	return option(err, func(c *subConfig) { c.rate, c.burst = perSecond, burst })
 }
 
 // tokenBucket hands out attempts at rate per second, burst at once. Tokens

@@ -1,7 +1,7 @@
 // Package fifo provides a plain first-in, first-out buffer: a ring that
 // grows by doubling and is not safe for concurrent use (its owner holds a
-// lock). A subscriber's lane keeps its ready messages and each held key's
-// waiting messages in one.
+// lock). A topic queue keeps its messages in one, a subscriber's lane its
+// ready messages and each held key's waiting messages.
 package fifo
 
 // minSize is the ring size of the first push.
@@ -9,6 +9,9 @@ const minSize = 8
 
 // Ring is a FIFO of T. The zero value is empty and ready to use.
 type Ring[T any] struct {
+	// Max, when above 0, is the most items the ring grows to hold: its
+	// owner pushes no more (a push past it panics).
+	Max  int
 	buf  []T
 	head int // index of the oldest item
 	n    int // items held
@@ -58,16 +61,28 @@ func (r *Ring[T]) Pop() (v T, ok bool) {
 // PopN removes up to k of the oldest items and appends them to dst, in
 // order, copying each item once.
 func (r *Ring[T]) PopN(dst []T, k int) []T {
+	dst = r.PeekN(dst, k)
+	r.DropN(k)
+	return dst
+}
+
+// PeekN appends up to k of the oldest items to dst, in order, and leaves
+// them in the ring.
+func (r *Ring[T]) PeekN(dst []T, k int) []T {
 	k = min(k, r.n)
-	for k > 0 {
+	first := r.buf[r.head:min(r.head+k, len(r.buf))]
+	return append(append(dst, first...), r.buf[:k-len(first)]...) // the rest, past the ring's end
+}
+
+// DropN removes up to k of the oldest items.
+func (r *Ring[T]) DropN(k int) {
+	for k = min(k, r.n); k > 0; {
 		seg := r.buf[r.head:min(r.head+k, len(r.buf))]
-		dst = append(dst, seg...)
 		clear(seg) // drop references for the garbage collector
 		r.head = r.index(len(seg))
 		r.n -= len(seg)
 		k -= len(seg)
 	}
-	return dst
 }
 
 // Front returns a pointer to the oldest item, valid until the next Push or
@@ -97,7 +112,14 @@ func (r *Ring[T]) index(i int) int {
 }
 
 func (r *Ring[T]) grow() {
-	nb := make([]T, max(2*len(r.buf), minSize))
+	size := max(2*len(r.buf), minSize)
+	if r.Max > 0 {
+		size = min(size, r.Max)
+	}
+	if size == len(r.buf) {
+		panic("fifo: push past Max")
+	}
+	nb := make([]T, size)
 	k := copy(nb, r.buf[r.head:])
 	copy(nb[k:], r.buf[:r.head])
 	r.buf, r.head = nb, 0

@@ -26,6 +26,12 @@ func TestRingIsFIFO(t *testing.T) {
 				t.Fatalf("step %d: PopN(%d) = %v, want %v", step, k, got, want)
 			}
 			model = model[len(want):]
+		} else if step%101 == 100 { // a look at a batch, which stays
+			k := step % 11
+			got := r.PeekN(nil, k)
+			if want := model[:min(k, len(model))]; fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("step %d: PeekN(%d) = %v, want %v", step, k, got, want)
+			}
 		} else if step%3 != 2 || len(model) == 0 {
 			r.Push(next)
 			model = append(model, next)
@@ -58,5 +64,26 @@ func TestRingIsFIFO(t *testing.T) {
 	}
 	if _, ok := r.Pop(); ok || r.Front() != nil {
 		t.Fatal("empty ring returned an item")
+	}
+}
+
+// A ring with a Max grows to exactly Max slots and refuses a push past it.
+func TestRingMax(t *testing.T) {
+	for _, n := range []int{1, 5, 8, 100} {
+		r := Ring[int]{Max: n}
+		for i := range n {
+			r.Push(i)
+		}
+		if len(r.buf) != n {
+			t.Fatalf("Max %d: %d slots", n, len(r.buf))
+		}
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Fatalf("Max %d: a push past it did not panic", n)
+				}
+			}()
+			r.Push(n)
+		}()
 	}
 }

@@ -21,6 +21,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/inproc/broker/internal/fifo"
 )
 
 var (
@@ -34,13 +36,6 @@ var (
 	ErrTimeout = errors.New("queue: wait timed out")
 )
 
-// minAlloc is the ring size a queue starts with; it doubles up to its
-// capacity as it fills, so idle queues with a large bound cost little
-// memory. Like a channel's buffer, the ring then keeps its size: giving it
-// back when the queue empties made queues that fill and drain repeatedly
-// reallocate on every cycle (twice the time per message).
-const minAlloc = 16
-
 // Queue is a bounded FIFO. Any number of goroutines may push; one
 // consumer at a time may use Peek and TakenN (the caller serialises
 // consumers; one of them sleeps in Wait).
@@ -52,13 +47,15 @@ const minAlloc = 16
 // alternating runs the copy cost nothing measurable, W1–W3 -0.6% geomean,
 // so the plain version it is.)
 type Queue[T any] struct {
-	mu       sync.Mutex // guards every field
-	buf      []T        // ring; len(buf) grows by doubling up to limit
-	head     int        // index of the oldest item
-	n        int        // number of items in the ring
-	limit    int        // capacity
-	closed   bool       // no more pushes
-	sleeping bool       // the consumer waits on ready
+	mu sync.Mutex // guards every field
+	// ring holds the items. It grows by doubling up to the capacity as
+	// the queue fills, so idle queues with a large bound cost little
+	// memory; like a channel's buffer it then keeps its size: giving it
+	// back when the queue emptied made queues that fill and drain
+	// repeatedly reallocate on every cycle (twice the time per message).
+	ring     fifo.Ring[T] // ring.Max is the capacity
+	closed   bool         // no more pushes
+	sleeping bool         // the consumer waits on ready
 	ready    chan struct{}
 	room     Room   // producers waiting for room
 	pushed   uint64 // items ever pushed
@@ -121,8 +118,7 @@ func New[T any](capacity int, idleGap int64) *Queue[T] {
 		capacity = 1
 	}
 	return &Queue[T]{
-		buf:     make([]T, min(capacity, minAlloc)),
-		limit:   capacity,
+		ring:    fifo.Ring[T]{Max: capacity},
 		ready:   make(chan struct{}, 1),
 		idleGap: idleGap,
 	}
@@ -139,7 +135,7 @@ func (q *Queue[T]) TryPush(v T, at int64) (idle bool, err error) {
 	q.mu.Lock()
 	err = q.pushLocked(v)
 	if err == nil {
-		idle = q.sleeping && q.n == 1 && at-q.lastAt >= q.idleGap
+		idle = q.sleeping && q.ring.Len() == 1 && at-q.lastAt >= q.idleGap
 		q.lastAt = max(q.lastAt, at) // publishers stamp at before the lock, in any order
 	}
 	if idle {
@@ -186,14 +182,10 @@ func (q *Queue[T]) pushLocked(v T) error {
 	if q.closed {
 		return ErrClosed
 	}
-	if q.n == q.limit {
+	if q.ring.Len() == q.ring.Max {
 		return ErrFull
 	}
-	if q.n == len(q.buf) {
-		q.grow()
-	}
-	q.buf[q.index(q.n)] = v
-	q.n++
+	q.ring.Push(v)
 	q.pushed++
 	return nil
 }
@@ -211,22 +203,6 @@ func (q *Queue[T]) unlockAfterPush(pushed bool) {
 	}
 }
 
-// index returns the ring index of the i-th oldest item.
-func (q *Queue[T]) index(i int) int {
-	if i += q.head; i >= len(q.buf) {
-		i -= len(q.buf)
-	}
-	return i
-}
-
-// grow doubles the full ring (up to limit), unrolled so head is 0.
-func (q *Queue[T]) grow() {
-	nb := make([]T, min(len(q.buf)*2, q.limit))
-	k := copy(nb, q.buf[q.head:])
-	copy(nb[k:], q.buf[:q.head])
-	q.buf, q.head = nb, 0
-}
-
 func (q *Queue[T]) wake() {
 	select {
 	case q.ready <- struct{}{}:
@@ -239,7 +215,7 @@ func (q *Queue[T]) wake() {
 func (q *Queue[T]) Wait(stop <-chan struct{}) bool {
 	for {
 		q.mu.Lock()
-		if q.n > 0 {
+		if q.ring.Len() > 0 {
 			q.mu.Unlock()
 			return true
 		}
@@ -267,10 +243,7 @@ func (q *Queue[T]) Wait(stop <-chan struct{}) bool {
 func (q *Queue[T]) Peek(buf []T) []T {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	k := min(q.n, len(buf))
-	first := copy(buf[:k], q.buf[q.head:min(q.head+k, len(q.buf))])
-	copy(buf[first:k], q.buf) // the rest, past the ring's end
-	return buf[:k]
+	return q.ring.PeekN(buf[:0], len(buf))
 }
 
 // Range appends to buf, in order, the items still in the queue that were the from-th to the (to-1)-th pushed, counting every push
@@ -278,9 +251,9 @@ func (q *Queue[T]) Peek(buf []T) []T {
 func (q *Queue[T]) Range(from, to uint64, buf []T) []T {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	first := q.pushed - uint64(q.n) // the oldest item in the ring
+	first := q.pushed - uint64(q.ring.Len()) // the oldest item in the ring
 	for seq := max(from, first); seq < min(to, q.pushed); seq++ {
-		buf = append(buf, q.buf[q.index(int(seq-first))])
+		buf = append(buf, *q.ring.At(int(seq - first)))
 	}
 	return buf
 }
@@ -294,12 +267,7 @@ func (q *Queue[T]) TakenN(k int) {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	var zero T
-	for range min(k, q.n) {
-		q.buf[q.head] = zero // drop references for the garbage collector
-		q.head = q.index(1)
-		q.n--
-	}
+	q.ring.DropN(k)
 	q.room.Open()
 }
 
@@ -322,7 +290,7 @@ func (q *Queue[T]) Close() {
 func (q *Queue[T]) CloseIfEmpty() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed || q.n > 0 || q.room.Waiting() {
+	if q.closed || q.ring.Len() > 0 || q.room.Waiting() {
 		return false
 	}
 	q.closed = true
@@ -337,7 +305,7 @@ func (q *Queue[T]) Closed() bool {
 }
 
 // Cap returns the queue's capacity.
-func (q *Queue[T]) Cap() int { return q.limit }
+func (q *Queue[T]) Cap() int { return q.ring.Max }
 
 // Snapshot is a queue's state at one moment.
 type Snapshot[T any] struct {
@@ -350,9 +318,9 @@ type Snapshot[T any] struct {
 func (q *Queue[T]) Snapshot() Snapshot[T] {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	st := Snapshot[T]{Len: q.n, Pushed: q.pushed}
-	if q.n > 0 {
-		st.Head = q.buf[q.head]
+	st := Snapshot[T]{Len: q.ring.Len(), Pushed: q.pushed}
+	if h := q.ring.Front(); h != nil {
+		st.Head = *h
 	}
 	return st
 }

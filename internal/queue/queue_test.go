@@ -261,6 +261,7 @@ func push[T any](q *Queue[T], v T) error {
 // A view stays valid and unchanged while producers push and the ring grows
 // under it; it is the consumer's until it removes the items.
 func TestViewSurvivesGrowth(t *testing.T) {
+	const minAlloc = 16 // more than the ring's first size
 	q := New[int](1024, 0)
 	for i := range minAlloc {
 		require.NoError(t, push(q, i))
