@@ -33,7 +33,7 @@ type Broker struct {
 	epoch    time.Time               // New's time: PublishedAt minus it is a monotonic time for the topic queues
 	abortCtx context.Context         // parent of every subscription's context
 	abort    context.CancelCauseFunc // cancels it with errShutdown
-	wg       sync.WaitGroup          // dispatchers and shedders, each deferring its Done (workers: worker.done)
+	wg       sync.WaitGroup          // dispatchers, each deferring its Done (workers and cutters: Subscription.finish)
 
 	dlq   guardedDLQ       // cfg.dlq, guarded against panics
 	dedup IdempotencyStore // cfg.dedup, guarded against panics (unless it is the default kind)

@@ -95,7 +95,7 @@ func (b *Broker) Close(ctx context.Context) error {
 		t.q.Close()
 	}
 	dispatched := make(chan struct{})
-	go func() { // ends when every dispatcher, shedder and Redrive has
+	go func() { // ends when every dispatcher has, and no Redrive runs
 		b.wg.Wait()
 		b.redrive <- struct{}{} // taken for good: later Redrives see closeDone
 		close(dispatched)

@@ -415,3 +415,31 @@ func TestCutterGoexitHandsOverTheRest(t *testing.T) {
 		requireConserved(t, b.Stats())
 	})
 }
+
+// A shedder an Unsubscribe gave up on, still stuck in Put, is not waited
+// for again: a later Close without a deadline returns.
+func TestCloseAfterUnsubscribeGaveUpOnAStuckShedder(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		release := make(chan struct{})
+		defer close(release)
+		store := &gateStore{MemoryDeadLetterStore: NewMemoryDeadLetterStore(0, nil), release: release}
+		b := newTestBroker(t, WithDeadLetterStore(store))
+		sub, err := b.Subscribe("t", "s", blockUntilCancelled, LaneSize(1), WhenLaneFull(DeadLetterNewest))
+		require.NoError(t, err)
+		store.stuck.Store(true)
+		publishN(t, b, "t", "m", 3) // m-2 is shed: the shedder's Put does not return
+		idle()
+		de := stopWithin(t, time.Second, sub.Unsubscribe)
+		require.Equal(t, 4, de.Abandoned, "the worker, two cutters and the shedder, given up on")
+		closed := make(chan error, 1)
+		go func() { closed <- b.Close(context.Background()) }()
+		time.Sleep(time.Minute)
+		select {
+		case err := <-closed:
+			assert.NoError(t, err, "the stuck shedder was the Unsubscribe's to count")
+		default:
+			t.Fatal("Close waits for a shedder an Unsubscribe gave up on")
+		}
+		requireConserved(t, b.Stats())
+	})
+}

@@ -129,18 +129,16 @@ type cutter struct {
 
 // startCutter ends jobs, counted in flight, in a cutter, a goroutine of
 // its own (with shed, the shedder: the lane calls it under its lock
-// while it is open, or a shedder ended by runtime.Goexit does, so the
-// broker's WaitGroup, which the shedder joins, is above zero). The
-// stops wait for it (finish).
+// while it is open, or a shedder ended by runtime.Goexit does). The
+// stops wait for it (finish), and give up on it at their deadline: it
+// joins no WaitGroup, so that a later stop never waits for one given up
+// on.
 func (s *Subscription) startCutter(jobs []cutJob, shed bool) {
 	if len(jobs) == 0 && !shed {
 		return
 	}
 	c := &cutter{jobs: jobs, shed: shed, done: make(chan struct{})}
 	c.h.hold(len(jobs))
-	if shed {
-		s.b.wg.Add(1)
-	}
 	s.wmu.Lock()
 	s.cutters[c] = struct{}{}
 	s.wmu.Unlock()
@@ -162,9 +160,6 @@ func (s *Subscription) cut(c *cutter) {
 		delete(s.cutters, c)
 		s.wmu.Unlock()
 		close(c.done)
-		if c.shed {
-			s.b.wg.Done()
-		}
 	}()
 	for {
 		for i := range c.jobs {
