@@ -353,3 +353,23 @@ func TestMemoryDeadLetterStoreAgainstModel(t *testing.T) {
 		require.Equal(t, evicted, s.Evicted())
 	}
 }
+
+// BenchmarkMemoryDeadLetterStorePutFull is a Put into a full default-sized
+// store, as under a subscriber that fails or sheds every message: a new
+// ID, and the oldest dead letter evicted.
+func BenchmarkMemoryDeadLetterStorePutFull(b *testing.B) {
+	s := NewMemoryDeadLetterStore(DefaultDeadLetterCapacity, nil)
+	ctx := context.Background()
+	msg := Message{ID: "m", Topic: "t", Payload: make([]byte, 64), PublishedAt: time.Now()}
+	ids := make([]string, 4*DefaultDeadLetterCapacity)
+	for i := range ids {
+		ids[i] = fmt.Sprint("dl-", i)
+	}
+	i := 0
+	for b.Loop() {
+		if err := s.Put(ctx, DeadLetter{ID: ids[i%len(ids)], Message: msg, Subscriber: "s", Reason: ReasonOverflow}); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
